@@ -1,0 +1,428 @@
+"""Packers: turn a stream of documents into rows of exactly L tokens.
+
+Two strategies, one interface (``pack``, ``state_dict``, ``load_state_dict``, ``stats``):
+
+- ``concat_chunk`` (Megatron / torchtitan): concatenate the documents and cut every L tokens.
+  Documents are split across rows; only the very last row of a finite stream is padded.
+- ``best_fit``: best-fit-decreasing within a buffer of documents ("Fewer Truncations Improve
+  Language Modeling", Ding et al. 2024). A document is split only when it is longer than L;
+  leftover space in a row is a pad segment.
+
+Each packer is two stages. A *planner* sees only document lengths and decides which piece
+``(doc, start, length)`` of which document goes into which row; the *assembler* copies those
+pieces into token and label arrays (a few numpy slice copies per row). The planner can be
+benchmarked on lengths alone, and the state of a packer is the planner's state plus the
+documents that planned-but-unyielded rows still need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from bisect import bisect_left, insort
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from longctx.batch import IGNORE_INDEX, PackedBatch, position_ids_for
+
+PAD_DOC = -1  # the document index of a pad piece
+# A piece of a row: (document index, start offset in the document, length).
+Piece = tuple[int, int, int]
+_ROW_BITS = 32  # best-fit keys pack (capacity, row) into one int: capacity << 32 | row
+_ROW_MASK = (1 << _ROW_BITS) - 1
+
+
+@dataclasses.dataclass
+class PackedRow:
+    """One packed row of L tokens.
+
+    tokens    int64 [L]  input ids
+    labels    int64 [L]  shifted targets; -100 at every document's last token and on pad
+    seq_lens  int32 [S]  the row's segments in order (documents, fragments, a pad tail); sums to L
+    """
+
+    tokens: np.ndarray
+    labels: np.ndarray
+    seq_lens: np.ndarray
+
+
+@dataclasses.dataclass
+class PackingStats:
+    """Running statistics over the rows a packer has yielded."""
+
+    rows: int = 0
+    tokens: int = 0
+    pad_tokens: int = 0
+    segments: int = 0  # non-pad segments: whole documents and document fragments
+    splits: int = 0  # cuts inside a document (a document in k pieces counts k - 1)
+
+    @property
+    def efficiency(self) -> float:
+        """Fraction of row tokens that are document tokens (not pad)."""
+        return 1.0 - self.pad_tokens / self.tokens if self.tokens else 0.0
+
+    @property
+    def docs_per_row(self) -> float:
+        """Mean number of document segments (whole documents or fragments) per row."""
+        return self.segments / self.rows if self.rows else 0.0
+
+    def record(self, pieces: Sequence[Piece], documents: dict[int, np.ndarray]) -> None:
+        for doc, start, length in pieces:
+            self.tokens += length
+            if doc == PAD_DOC:
+                self.pad_tokens += length
+                continue
+            self.segments += 1
+            self.splits += start + length < len(documents[doc])
+        self.rows += 1
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(efficiency=self.efficiency, docs_per_row=self.docs_per_row)
+        return out
+
+
+# --------------------------------------------------------------------------- planners
+class _ConcatChunkPlanner:
+    """Lengths only: concatenate documents and cut a row every ``seq_len`` tokens."""
+
+    def __init__(self, seq_len: int) -> None:
+        self.seq_len = seq_len
+        self.ready: deque[tuple[Piece, ...]] = deque()
+        self.pieces_left: dict[int, int] = {}  # planned, not yet assembled pieces per document
+        self.open_row: list[Piece] = []
+        self.open_fill = 0
+
+    def add(self, doc: int, length: int) -> None:
+        start = 0
+        self.pieces_left[doc] = -(-(length + self.open_fill) // self.seq_len)
+        while start < length:
+            take = min(self.seq_len - self.open_fill, length - start)
+            self.open_row.append((doc, start, take))
+            self.open_fill += take
+            start += take
+            if self.open_fill == self.seq_len:
+                self.ready.append(tuple(self.open_row))
+                self.open_row, self.open_fill = [], 0
+
+    def flush(self) -> None:
+        """End of stream: the partial last row gets a pad tail (the only padding here)."""
+        if self.open_row:
+            self.open_row.append((PAD_DOC, 0, self.seq_len - self.open_fill))
+            self.ready.append(tuple(self.open_row))
+            self.open_row, self.open_fill = [], 0
+
+    def state_dict(self) -> dict:
+        return {"open_row": [list(p) for p in self.open_row], "open_fill": self.open_fill}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.open_row = [tuple(p) for p in state["open_row"]]
+        self.open_fill = int(state["open_fill"])
+
+
+class _BestFitPlanner:
+    """Lengths only: best-fit-decreasing over a buffer of ``buffer_size`` documents.
+
+    A document longer than L contributes full L-token rows of its own and one remainder piece
+    that is packed like any document. Pieces go in decreasing length into the open row with the
+    least remaining capacity that still fits (bisect over sorted capacities, O(log n) search);
+    the buffer's rows are then emitted in an order shuffled by (seed, buffer index), so row order
+    does not follow document length.
+    """
+
+    def __init__(self, seq_len: int, buffer_size: int, seed: int) -> None:
+        self.seq_len = seq_len
+        self.buffer_size = buffer_size
+        self.seed = seed
+        self.ready: deque[tuple[Piece, ...]] = deque()
+        self.pieces_left: dict[int, int] = {}  # planned, not yet assembled pieces per document
+        self.buffer_docs: list[int] = []
+        self.buffer_lens: list[int] = []
+        self.buffers_planned = 0
+
+    def add(self, doc: int, length: int) -> None:
+        self.buffer_docs.append(doc)
+        self.buffer_lens.append(length)
+        if len(self.buffer_docs) >= self.buffer_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffer_docs:
+            return
+        rows = best_fit_rows(self.buffer_docs, self.buffer_lens, self.seq_len)
+        for doc, length in zip(self.buffer_docs, self.buffer_lens, strict=True):
+            self.pieces_left[doc] = -(-length // self.seq_len)  # full pieces + a remainder
+        rng = np.random.default_rng((self.seed, self.buffers_planned))
+        self.ready.extend(rows[i] for i in rng.permutation(len(rows)))
+        self.buffer_docs, self.buffer_lens = [], []
+        self.buffers_planned += 1
+
+    def state_dict(self) -> dict:
+        return {
+            "buffer_docs": list(self.buffer_docs),
+            "buffer_lens": list(self.buffer_lens),
+            "buffers_planned": self.buffers_planned,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer_docs = [int(d) for d in state["buffer_docs"]]
+        self.buffer_lens = [int(n) for n in state["buffer_lens"]]
+        self.buffers_planned = int(state["buffers_planned"])
+
+
+def best_fit_rows(docs: Sequence[int], lengths: Sequence[int], seq_len: int) -> list[tuple]:
+    """Best-fit-decreasing plan of one buffer: a list of rows, each a tuple of pieces.
+
+    Every row's pieces sum to ``seq_len``; a row that is not full ends in a pad piece.
+    """
+    rows: list[list[Piece]] = []
+    remainders: list[tuple[int, int, int]] = []  # (length, doc, start)
+    for doc, length in zip(docs, lengths, strict=True):
+        full, rest = divmod(length, seq_len)
+        rows.extend([(doc, j * seq_len, seq_len)] for j in range(full))
+        if rest:
+            remainders.append((rest, doc, full * seq_len))
+    remainders.sort(key=itemgetter(0), reverse=True)  # stable: ties keep stream order
+    free = [0] * len(rows)  # remaining capacity per row
+    open_keys: list[int] = []  # sorted capacity << 32 | row, for rows with capacity > 0
+    for length, doc, start in remainders:
+        i = bisect_left(open_keys, length << _ROW_BITS)
+        if i == len(open_keys):  # nothing fits: open a new row
+            row, capacity = len(rows), seq_len
+            rows.append([])
+            free.append(0)
+        else:
+            key = open_keys.pop(i)
+            row, capacity = key & _ROW_MASK, key >> _ROW_BITS
+        rows[row].append((doc, start, length))
+        free[row] = capacity - length
+        if free[row]:
+            insort(open_keys, free[row] << _ROW_BITS | row)
+    for row, pieces in enumerate(rows):
+        if free[row]:
+            pieces.append((PAD_DOC, 0, free[row]))
+    return [tuple(pieces) for pieces in rows]
+
+
+# --------------------------------------------------------------------------- assembly
+def assemble_row(
+    pieces: Sequence[Piece], documents: dict[int, np.ndarray], seq_len: int, pad_id: int
+) -> PackedRow:
+    """Copy the planned pieces into one row; labels never cross a document end."""
+    tokens = np.empty(seq_len, dtype=np.int64)
+    labels = np.empty(seq_len, dtype=np.int64)
+    seq_lens = np.empty(len(pieces), dtype=np.int32)
+    pos = 0
+    for i, (doc, start, length) in enumerate(pieces):
+        seq_lens[i] = length
+        end = pos + length
+        if doc == PAD_DOC:
+            tokens[pos:end] = pad_id
+            labels[pos:end] = IGNORE_INDEX
+        else:
+            source = documents[doc]
+            tokens[pos:end] = source[start : start + length]
+            # Targets are the document's next tokens; a fragment that does not end the
+            # document still predicts its continuation (which lives in another row).
+            shifted = source[start + 1 : start + length + 1]
+            labels[pos : pos + len(shifted)] = shifted
+            if len(shifted) < length:  # the piece ends its document
+                labels[end - 1] = IGNORE_INDEX
+        pos = end
+    return PackedRow(tokens=tokens, labels=labels, seq_lens=seq_lens)
+
+
+# --------------------------------------------------------------------------- packers
+class Packer(Protocol):
+    seq_len: int
+
+    def pack(self, documents: Iterable[np.ndarray]) -> Iterator[PackedRow]: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+    @property
+    def stats(self) -> PackingStats: ...
+
+
+class _PlannedPacker:
+    """Shared driver: pull documents, let the planner plan rows, assemble and yield them.
+
+    All state lives on ``self`` (never in generator locals), so ``state_dict()`` taken while
+    ``pack`` is suspended after a row captures exactly what the rest of the run depends on.
+    """
+
+    name = ""
+
+    def __init__(self, seq_len: int, planner, pad_id: int) -> None:
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+        self._planner = planner
+        self._documents: dict[int, np.ndarray] = {}  # pulled documents still needed
+        self._documents_consumed = 0
+        self._stats = PackingStats()
+
+    @property
+    def stats(self) -> PackingStats:
+        return self._stats
+
+    def pack(self, documents: Iterable[np.ndarray]) -> Iterator[PackedRow]:
+        stream = iter(documents)
+        while True:
+            if not self._planner.ready and not self._plan_more(stream):
+                return
+            yield self._emit(self._planner.ready.popleft())
+
+    def _plan_more(self, stream: Iterator[np.ndarray]) -> bool:
+        """Pull documents until the planner has a row ready; False once nothing is left."""
+        ready = self._planner.ready
+        while not ready:
+            document = next(stream, None)
+            if document is None:
+                self._planner.flush()
+                return bool(ready)
+            index = self._documents_consumed
+            self._documents[index] = _checked_document(document, index)
+            self._documents_consumed += 1
+            self._planner.add(index, len(self._documents[index]))
+        return True
+
+    def _emit(self, pieces: tuple[Piece, ...]) -> PackedRow:
+        row = assemble_row(pieces, self._documents, self.seq_len, self.pad_id)
+        self._stats.record(pieces, self._documents)
+        pieces_left = self._planner.pieces_left
+        for doc, _, _ in pieces:
+            if doc == PAD_DOC:
+                continue
+            pieces_left[doc] -= 1
+            if not pieces_left[doc]:  # its last piece is out: the packer can drop it
+                del pieces_left[doc], self._documents[doc]
+        return row
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "packer": self.name,
+            "seq_len": self.seq_len,
+            "documents_consumed": self._documents_consumed,
+            "documents": {d: doc.copy() for d, doc in self._documents.items()},
+            "pieces_left": dict(self._planner.pieces_left),
+            "ready": [[list(p) for p in row] for row in self._planner.ready],
+            "planner": self._planner.state_dict(),
+            "stats": dataclasses.asdict(self._stats),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, expected in (("packer", self.name), ("seq_len", self.seq_len)):
+            if state.get(key) != expected:
+                raise ValueError(
+                    f"state has {key}={state.get(key)!r}, this packer has {key}={expected!r}"
+                )
+        self._documents_consumed = int(state["documents_consumed"])
+        self._documents = {int(d): np.asarray(doc) for d, doc in state["documents"].items()}
+        self._planner.pieces_left = {int(d): int(n) for d, n in state["pieces_left"].items()}
+        self._planner.ready = deque(tuple(tuple(p) for p in row) for row in state["ready"])
+        self._planner.load_state_dict(state["planner"])
+        self._stats = PackingStats(**state["stats"])
+
+
+class ConcatChunkPacker(_PlannedPacker):
+    """Concatenate documents and cut every ``seq_len`` tokens (no padding but the last row)."""
+
+    name = "concat_chunk"
+
+    def __init__(self, seq_len: int, *, pad_id: int = 0) -> None:
+        _check_positive("seq_len", seq_len)
+        super().__init__(seq_len, _ConcatChunkPlanner(seq_len), pad_id)
+
+
+class BestFitPacker(_PlannedPacker):
+    """Best-fit-decreasing within a buffer of ``buffer_size`` documents; pad the rest."""
+
+    name = "best_fit"
+
+    def __init__(self, seq_len: int, *, pad_id: int = 0, buffer_size: int = 1000, seed: int = 0):
+        _check_positive("seq_len", seq_len)
+        _check_positive("buffer_size", buffer_size)
+        super().__init__(seq_len, _BestFitPlanner(seq_len, buffer_size, seed), pad_id)
+        self.buffer_size = buffer_size
+        self.seed = seed
+
+
+def make_packer(
+    name: str, seq_len: int, *, pad_id: int = 0, buffer_size: int = 1000, seed: int = 0
+) -> Packer:
+    """A packer by name: "concat_chunk" or "best_fit"."""
+    if name == "concat_chunk":
+        return ConcatChunkPacker(seq_len, pad_id=pad_id)
+    if name == "best_fit":
+        return BestFitPacker(seq_len, pad_id=pad_id, buffer_size=buffer_size, seed=seed)
+    raise ValueError(f"unknown packer {name!r}; expected one of 'concat_chunk', 'best_fit'")
+
+
+# --------------------------------------------------------------------------- collate
+def collate_rows(
+    rows: Sequence[PackedRow], *, reset_position_ids: bool, document_mask: bool
+) -> PackedBatch:
+    """Stack rows into a PackedBatch.
+
+    Position ids always follow the rows' document segments (reset or continuous). With
+    ``document_mask=False`` each row becomes one segment of L for attention (the no-masking
+    ablation) while tokens, labels and position ids stay exactly those of the masked arm.
+    """
+    if not rows:
+        raise ValueError("collate_rows got no rows; expected at least one PackedRow")
+    length = len(rows[0].tokens)
+    for i, row in enumerate(rows):
+        _check_row(row, i, length)
+    tokens = torch.from_numpy(np.stack([r.tokens for r in rows]))
+    labels = torch.from_numpy(np.stack([r.labels for r in rows]))
+    doc_lens = torch.from_numpy(_pad_lengths([r.seq_lens for r in rows]))
+    positions = position_ids_for(doc_lens, length, reset_position_ids)
+    if not document_mask:
+        doc_lens = torch.full((len(rows), 1), length, dtype=torch.int32)
+    return PackedBatch(tokens, labels, positions, doc_lens)
+
+
+def _pad_lengths(seq_lens: Sequence[np.ndarray]) -> np.ndarray:
+    out = np.zeros((len(seq_lens), max(len(s) for s in seq_lens)), dtype=np.int32)
+    for i, lens in enumerate(seq_lens):
+        out[i, : len(lens)] = lens
+    return out
+
+
+# --------------------------------------------------------------------------- checks
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name}={value!r}; expected an integer >= 1")
+
+
+def _checked_document(document, index: int) -> np.ndarray:
+    document = np.asarray(document)
+    if document.ndim != 1:
+        raise ValueError(f"document {index} has shape {document.shape}; expected a 1-D token array")
+    if document.dtype.kind not in "iu":
+        raise ValueError(
+            f"document {index} has dtype {document.dtype}; expected an integer token dtype"
+        )
+    if len(document) == 0:
+        raise ValueError(f"document {index} is empty; expected at least one token (its EOS)")
+    return document
+
+
+def _check_row(row: PackedRow, index: int, length: int) -> None:
+    for name in ("tokens", "labels"):
+        array = getattr(row, name)
+        if array.shape != (length,) or array.dtype.kind not in "iu":
+            raise ValueError(
+                f"row {index} {name} has shape {array.shape} dtype {array.dtype}; "
+                f"expected an integer array of shape ({length},)"
+            )
+    total = int(row.seq_lens.sum())
+    if total != length or (row.seq_lens <= 0).any():
+        raise ValueError(
+            f"row {index} seq_lens {row.seq_lens.tolist()} must be positive and sum to L={length}"
+        )
