@@ -1,0 +1,216 @@
+"""Composition of a training run from a Hydra config: the only place a DictConfig is read.
+
+``train.py`` hands the composed config to :func:`run`, which checks it (before anything is
+allocated or prepared), instantiates typed objects, and gives them to Lightning.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from longctx.checkpoint import AtomicCheckpointIO, resolve_ckpt_path
+from longctx.loggers import make_loggers
+from longctx.model import Llama, LlamaConfig
+from longctx.model.attention import resolve_backend
+
+BYTES_PER_PARAM_TRAINING = 16  # fp32 weights 4 + gradients 4 + AdamW moments 8
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; raised before anything is allocated."""
+
+
+# ----------------------------------------------------------------------- run folder
+def run_dir(runs_dir: str, run_name: str, ckpt_path: str | None) -> str:
+    """The run folder: named, the newest resumable one (ckpt_path=last), or a new timestamped one."""
+    root = Path(runs_dir)
+    if run_name != "auto":
+        return str(root / run_name)
+    if ckpt_path == "last":
+        found = sorted(root.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise ConfigError(
+                f"ckpt_path=last: no run under {root} has checkpoints/last.ckpt; "
+                "pass run_name=<folder> to pick one"
+            )
+        return str(found[-1].parent.parent)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    candidate, n = root / stamp, 1
+    while candidate.exists():
+        candidate, n = root / f"{stamp}-{n}", n + 1
+    return str(candidate)
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("longctx_run_dir"):
+        # cached: Hydra may resolve the run folder more than once; it must not change
+        OmegaConf.register_new_resolver("longctx_run_dir", run_dir, use_cache=True)
+
+
+# ------------------------------------------------------------------------ preflight
+def training_device(trainer_cfg: DictConfig) -> torch.device:
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def check_devices(trainer_cfg: DictConfig, device: torch.device) -> None:
+    devices = trainer_cfg.get("devices", 1)
+    if not isinstance(devices, int) or isinstance(devices, bool):
+        return  # "auto" / lists are Lightning's to interpret
+    available = torch.cuda.device_count() if device.type == "cuda" else os.cpu_count() or 1
+    if device.type == "cuda" and available == 0:
+        raise ConfigError(
+            f"trainer.accelerator={trainer_cfg.accelerator} but no CUDA device is visible"
+        )
+    if devices > available:
+        raise ConfigError(
+            f"trainer.devices={devices} but this machine has {available} {device.type} device(s)"
+        )
+
+
+def check_backend(model_config: LlamaConfig, seq_len: int, device: torch.device) -> None:
+    try:
+        backend = resolve_backend(model_config.attn_backend, device)
+    except (ValueError, RuntimeError) as err:
+        raise ConfigError(f"model.attn_backend={model_config.attn_backend}: {err}") from err
+    if backend == "flex" and seq_len % 128:
+        raise ConfigError(
+            f"data.seq_len={seq_len} must be a multiple of 128 for attn_backend=flex "
+            "(FlexAttention's block size)"
+        )
+    if seq_len > model_config.max_seq_len:
+        raise ConfigError(
+            f"data.seq_len={seq_len} exceeds the model's RoPE range "
+            f"model.max_seq_len={model_config.max_seq_len}"
+        )
+
+
+def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:
+    """Weights, gradients and AdamW state per device (activations not included)."""
+    return model_config.num_params() * BYTES_PER_PARAM_TRAINING // max(shards, 1)
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(0).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(model_config: LlamaConfig, trainer_cfg: DictConfig, device: torch.device) -> None:
+    sharded = "ModelParallel" in str(OmegaConf.select(trainer_cfg, "strategy._target_", default=""))
+    devices = trainer_cfg.get("devices", 1) if isinstance(trainer_cfg.get("devices"), int) else 1
+    shards = devices * int(trainer_cfg.get("num_nodes", 1)) if sharded else 1
+    need, have = training_memory_bytes(model_config, shards), available_memory_bytes(device)
+    if need > have:
+        raise ConfigError(
+            f"the model has {model_config.num_params():,} parameters; training it needs about "
+            f"{need / 2**30:,.1f} GiB per device for weights, gradients and AdamW state "
+            f"({BYTES_PER_PARAM_TRAINING} bytes/parameter{f' sharded over {shards}' if shards > 1 else ''}"
+            f", activations not included), but a {device.type} device here has "
+            f"{have / 2**30:,.1f} GiB. Use trainer=fsdp with more devices, or dry_run=true to "
+            "inspect the model without allocating it."
+        )
+
+
+def preflight(cfg: DictConfig, model_config: LlamaConfig, seq_len: int) -> torch.device:
+    device = training_device(cfg.trainer)
+    check_devices(cfg.trainer, device)
+    check_backend(model_config, seq_len, device)
+    if not cfg.dry_run:
+        check_memory(model_config, cfg.trainer, device)
+    return device
+
+
+# ---------------------------------------------------------------------- composition
+def dry_run_report(model_config: LlamaConfig, cfg: DictConfig) -> dict:
+    with torch.device("meta"):
+        model = Llama(model_config)
+    params = sum(p.numel() for p in model.parameters())
+    report = {
+        "parameters": params,
+        "training_memory_gib_per_device": training_memory_bytes(model_config, 1) / 2**30,
+        "model": asdict(model_config),
+        "seq_len": cfg.data.seq_len,
+    }
+    print(
+        f"dry run: {params:,} parameters, about {report['training_memory_gib_per_device']:,.1f} "
+        f"GiB for weights, gradients and AdamW state; nothing allocated"
+    )
+    return report
+
+
+def build_callbacks(cfg: DictConfig) -> list:
+    return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+
+
+def run(cfg: DictConfig) -> dict:
+    """Train (or dry-run) one configuration; returns the final logged metrics."""
+    from longctx.data import LongCtxDataModule
+    from longctx.module import LongCtxModule
+
+    model_config: LlamaConfig = instantiate(cfg.model)
+    data_config = instantiate(cfg.data)
+    preflight(cfg, model_config, data_config.seq_len)
+    if cfg.dry_run:
+        return dry_run_report(model_config, cfg)
+
+    L.seed_everything(cfg.seed, workers=True)
+    output_dir = Path(cfg.paths.output_dir)
+    datamodule = LongCtxDataModule(data_config)
+    datamodule.prepare_data()
+    datamodule.check_vocab(model_config.vocab_size)
+    module = LongCtxModule(
+        model_config,
+        optimizer=instantiate(cfg.optim.optimizer),
+        scheduler=instantiate(cfg.optim.scheduler),
+        weight_decay=cfg.optim.weight_decay,
+        grad_clip=cfg.optim.grad_clip,
+        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+        compile=cfg.compile,
+        peak_flops_per_device=cfg.get("peak_flops_per_device"),
+        pad_id=datamodule.pad_id,
+        eos_id=datamodule.eos_id,
+    )
+    trainer: L.Trainer = instantiate(
+        cfg.trainer,
+        logger=make_loggers(cfg, output_dir) or False,
+        callbacks=build_callbacks(cfg),
+        plugins=[AtomicCheckpointIO()],
+    )
+    trainer.fit(
+        module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg.ckpt_path, output_dir)
+    )
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+def main(cfg: DictConfig) -> float | None:
+    try:
+        metrics = run(cfg)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        raise SystemExit(2) from err
+    finally:
+        teardown()
+    return metrics.get("val/loss")
+
+
+def teardown() -> None:
+    """Finish the W&B run and destroy the process group (without it rank 1 aborts at exit)."""
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,234 @@
+"""The LightningModule: token-mean loss over a whole optimizer step, AdamW, warm-up + cosine.
+
+Optimisation is manual so the loss is normalised by the target tokens of the *whole* step:
+every micro-batch backpropagates its loss *sum*, and at the step boundary the gradients are
+divided by the number of target tokens summed over accumulation steps and ranks. A per-micro-batch
+mean (what automatic optimisation with ``accumulate_grad_batches`` gives) weights tokens unequally
+when micro-batches hold different numbers of targets: the known silent bug this avoids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+
+from longctx.batch import PackedBatch
+from longctx.eval.position_loss import PositionLoss
+from longctx.model import Llama, LlamaConfig, estimate_flops
+
+OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
+
+
+def warmup_cosine_schedule(
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_steps: int = 100,
+    min_lr_ratio: float = 0.1,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up from 0 to the peak lr, then cosine decay to min_lr_ratio * peak."""
+    if total_steps < 1 or warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(
+            f"schedule needs total_steps >= 1, warmup_steps >= 0, 0 <= min_lr_ratio <= 1; got "
+            f"total_steps={total_steps}, warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}"
+        )
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only: norms (1-D) and embeddings are excluded from weight decay."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+class LongCtxModule(L.LightningModule):
+    def __init__(
+        self,
+        model_config: LlamaConfig,
+        optimizer: OptimizerFactory,
+        scheduler: SchedulerFactory | None = None,
+        *,
+        weight_decay: float = 0.1,
+        grad_clip: float | None = 1.0,
+        accumulate_grad_batches: int = 1,
+        compile: bool = False,
+        peak_flops_per_device: float | None = None,
+        pad_id: int | None = None,
+        eos_id: int | None = None,
+    ) -> None:
+        super().__init__()
+        if accumulate_grad_batches < 1:
+            raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        self.automatic_optimization = False
+        self.model_config = model_config
+        self.model = Llama(model_config)
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.weight_decay, self.grad_clip = weight_decay, grad_clip
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.compile, self.peak_flops_per_device = compile, peak_flops_per_device
+        self.pad_id, self.eos_id = pad_id, eos_id
+        self.tokens_seen = 0
+        self._reset_accumulators()
+        self.val_position_loss: PositionLoss | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def configure_model(self) -> None:
+        if self.compile:
+            self.model = torch.compile(self.model)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(param_groups(self.model, self.weight_decay))
+        if self.scheduler_factory is None:
+            return optimizer
+        total = self.trainer.max_steps
+        if total is None or total < 1:
+            raise ValueError(
+                f"trainer.max_steps must be set (>= 1) for the lr schedule, got {total}"
+            )
+        scheduler = self.scheduler_factory(optimizer, total)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["longctx"] = {"tokens_seen": self.tokens_seen}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.tokens_seen = checkpoint.get("longctx", {}).get("tokens_seen", 0)
+
+    # ---------------------------------------------------------------- training
+    def training_step(self, batch: PackedBatch, batch_idx: int) -> None:
+        if self._micro == 0:
+            self._step_start = time.perf_counter()
+        last_micro = self._micro + 1 == self.accumulate_grad_batches
+        with self._maybe_no_sync(not last_micro):
+            loss_sum, num_tokens = self.model.loss(batch)
+            self.manual_backward(loss_sum)
+        self._accumulate(batch, loss_sum.detach(), num_tokens)
+        if last_micro:
+            self._optimizer_step()
+
+    def _accumulate(self, batch: PackedBatch, loss_sum: Tensor, num_tokens: int) -> None:
+        self._micro += 1
+        self._loss_sum += loss_sum.float()
+        self._num_targets += num_tokens
+        self._num_input_tokens += batch.tokens.numel()
+        self._flops += (
+            estimate_flops(self.model_config, batch.seq_lens) if self.peak_flops_per_device else 0.0
+        )
+        self._batch_stats.append(self._packing_stats(batch))
+
+    def _optimizer_step(self) -> None:
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        totals = self._reduce_sum([self._loss_sum, self._num_targets, self._num_input_tokens])
+        loss_sum, num_targets, num_tokens = totals[0], int(totals[1]), int(totals[2])
+        # DDP/FSDP average gradients over ranks: times world size, over the step's targets.
+        self._scale_gradients(self.trainer.world_size / max(num_targets, 1))
+        grad_norm = self._clip_gradients()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if sched is not None:
+            sched.step()
+        self.tokens_seen += num_tokens
+        self._log_step(loss_sum / max(num_targets, 1), grad_norm, num_tokens, opt)
+        self._reset_accumulators()
+
+    def _scale_gradients(self, factor: float) -> None:
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+
+    def _clip_gradients(self) -> Tensor:
+        max_norm = self.grad_clip if self.grad_clip else float("inf")
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+
+    def _reduce_sum(self, values: list) -> Tensor:
+        stacked = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values])
+        stacked = stacked.to(self.device)
+        if self.trainer.world_size > 1:
+            stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")
+        return stacked.cpu()
+
+    def _maybe_no_sync(self, skip_sync: bool):
+        strategy = self.trainer.strategy
+        if skip_sync and hasattr(strategy, "block_backward_sync"):
+            return strategy.block_backward_sync()
+        return contextlib.nullcontext()
+
+    def _packing_stats(self, batch: PackedBatch) -> tuple[float, float]:
+        """(non-pad token fraction, documents per row), pad segments identified by pad_id."""
+        if self.pad_id is None:
+            return float("nan"), batch.num_segments / batch.shape[0]
+        is_pad = batch.tokens == self.pad_id
+        starts = batch.cu_seqlens[:-1].long()
+        pad_segments = int(is_pad.flatten()[starts].sum())
+        efficiency = 1.0 - float(is_pad.float().mean())
+        return efficiency, (batch.num_segments - pad_segments) / batch.shape[0]
+
+    def _log_step(self, loss: Tensor, grad_norm: Tensor, num_tokens: int, opt) -> None:
+        elapsed = time.perf_counter() - self._step_start
+        efficiency = sum(s[0] for s in self._batch_stats) / len(self._batch_stats)
+        docs_per_row = sum(s[1] for s in self._batch_stats) / len(self._batch_stats)
+        metrics = {
+            "train/loss": float(loss),
+            "train/lr": opt.param_groups[0]["lr"],
+            "train/grad_norm": float(grad_norm),
+            "train/tokens_per_s": num_tokens / elapsed,
+            "train/tokens_seen": float(self.tokens_seen),
+            "train/docs_per_row": docs_per_row,
+        }
+        if not math.isnan(efficiency):
+            metrics["train/packing_efficiency"] = efficiency
+        if self.peak_flops_per_device:
+            metrics["train/mfu"] = self._flops / elapsed / self.peak_flops_per_device
+        self.log_dict(metrics, prog_bar=False, batch_size=1, rank_zero_only=True)
+        self.log("loss", float(loss), prog_bar=True, logger=False, batch_size=1)
+
+    def _reset_accumulators(self) -> None:
+        self._micro = 0
+        self._loss_sum = torch.zeros((), dtype=torch.float64)
+        self._num_targets = 0
+        self._num_input_tokens = 0
+        self._flops = 0.0
+        self._batch_stats: list[tuple[float, float]] = []
+        self._step_start = time.perf_counter()
+
+    # -------------------------------------------------------------- validation
+    def on_validation_epoch_start(self) -> None:
+        seq_len = self.trainer.datamodule.config.seq_len if self.trainer.datamodule else None
+        self.val_position_loss = PositionLoss(seq_len or 1, eos_id=self.eos_id)
+
+    def validation_step(self, batch: PackedBatch, batch_idx: int) -> None:
+        token_loss = self.model.token_loss(batch)
+        self.val_position_loss.update(token_loss.detach(), batch)
+
+    def on_validation_epoch_end(self) -> None:
+        acc = self.val_position_loss
+        acc.all_reduce(self.trainer.strategy)
+        loss = acc.mean_loss()
+        metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
+        metrics.update(acc.bucket_metrics("val"))
+        self.log_dict(metrics, batch_size=1, sync_dist=False)
