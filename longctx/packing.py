@@ -34,6 +34,8 @@ PAD_DOC = -1  # the document index of a pad piece
 Piece = tuple[int, int, int]
 _ROW_BITS = 32  # best-fit keys pack (capacity, row) into one int: capacity << 32 | row
 _ROW_MASK = (1 << _ROW_BITS) - 1
+# best_fit re-plans (rather than emits) a row padded by more than this fraction of L.
+CARRY_PAD_FRACTION = 0.005
 
 
 @dataclasses.dataclass
@@ -125,67 +127,88 @@ class _ConcatChunkPlanner:
 
 
 class _BestFitPlanner:
-    """Lengths only: best-fit-decreasing over a buffer of ``buffer_size`` documents.
+    """Lengths only: best-fit-decreasing over a buffer of ``buffer_size`` pieces.
 
     A document longer than L contributes full L-token rows of its own and one remainder piece
     that is packed like any document. Pieces go in decreasing length into the open row with the
-    least remaining capacity that still fits (bisect over sorted capacities, O(log n) search);
-    the buffer's rows are then emitted in an order shuffled by (seed, buffer index), so row order
-    does not follow document length.
+    least remaining capacity that still fits (bisect over sorted capacities, O(log n) search).
+
+    A small buffer leaves its last rows half empty (at L = 128k a buffer of 1000 documents fills
+    only ~9 rows). So, except at the end of the stream, a row padded by more than
+    ``CARRY_PAD_FRACTION`` of L is not emitted: its pieces go back into the next buffer, worst
+    rows first and at most half a buffer of pieces, so every round still takes in new documents.
+    Emitted rows are shuffled by (seed, buffer index), so row order does not follow length.
     """
 
     def __init__(self, seq_len: int, buffer_size: int, seed: int) -> None:
         self.seq_len = seq_len
         self.buffer_size = buffer_size
+        self.max_carry = buffer_size // 2
         self.seed = seed
         self.ready: deque[tuple[Piece, ...]] = deque()
         self.pieces_left: dict[int, int] = {}  # planned, not yet assembled pieces per document
-        self.buffer_docs: list[int] = []
-        self.buffer_lens: list[int] = []
+        self.buffer: list[Piece] = []  # new documents and pieces carried from the last round
         self.buffers_planned = 0
 
     def add(self, doc: int, length: int) -> None:
-        self.buffer_docs.append(doc)
-        self.buffer_lens.append(length)
-        if len(self.buffer_docs) >= self.buffer_size:
-            self.flush()
+        self.pieces_left[doc] = -(-length // self.seq_len)  # full L pieces + a remainder
+        self.buffer.append((doc, 0, length))
+        if len(self.buffer) >= self.buffer_size:
+            self._plan(final=False)
 
     def flush(self) -> None:
-        if not self.buffer_docs:
-            return
-        rows = best_fit_rows(self.buffer_docs, self.buffer_lens, self.seq_len)
-        for doc, length in zip(self.buffer_docs, self.buffer_lens, strict=True):
-            self.pieces_left[doc] = -(-length // self.seq_len)  # full pieces + a remainder
+        self._plan(final=True)
+
+    def _plan(self, final: bool) -> None:
+        rows = best_fit_rows(self.buffer, self.seq_len)
+        self.buffer = [] if final else self._carry(rows)
         rng = np.random.default_rng((self.seed, self.buffers_planned))
         self.ready.extend(rows[i] for i in rng.permutation(len(rows)))
-        self.buffer_docs, self.buffer_lens = [], []
         self.buffers_planned += 1
+
+    def _carry(self, rows: list[tuple[Piece, ...]]) -> list[Piece]:
+        """Remove the badly padded rows from ``rows``; return their pieces for the next round."""
+        worst_first = sorted(range(len(rows)), key=lambda r: _pad_of(rows[r]), reverse=True)
+        limit = CARRY_PAD_FRACTION * self.seq_len
+        carried: list[Piece] = []
+        dropped = set()
+        for r in worst_first:
+            pieces = rows[r][:-1]  # without the pad piece
+            if _pad_of(rows[r]) <= limit or len(carried) + len(pieces) > self.max_carry:
+                break
+            carried.extend(pieces)
+            dropped.add(r)
+        rows[:] = [row for r, row in enumerate(rows) if r not in dropped]
+        return carried
 
     def state_dict(self) -> dict:
         return {
-            "buffer_docs": list(self.buffer_docs),
-            "buffer_lens": list(self.buffer_lens),
+            "buffer": [list(p) for p in self.buffer],
             "buffers_planned": self.buffers_planned,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.buffer_docs = [int(d) for d in state["buffer_docs"]]
-        self.buffer_lens = [int(n) for n in state["buffer_lens"]]
+        self.buffer = [tuple(int(v) for v in p) for p in state["buffer"]]
         self.buffers_planned = int(state["buffers_planned"])
 
 
-def best_fit_rows(docs: Sequence[int], lengths: Sequence[int], seq_len: int) -> list[tuple]:
-    """Best-fit-decreasing plan of one buffer: a list of rows, each a tuple of pieces.
+def _pad_of(row: tuple[Piece, ...]) -> int:
+    doc, _, length = row[-1]
+    return length if doc == PAD_DOC else 0
+
+
+def best_fit_rows(pieces: Sequence[Piece], seq_len: int) -> list[tuple[Piece, ...]]:
+    """Best-fit-decreasing plan of one buffer of pieces: rows, each a tuple of pieces.
 
     Every row's pieces sum to ``seq_len``; a row that is not full ends in a pad piece.
     """
     rows: list[list[Piece]] = []
     remainders: list[tuple[int, int, int]] = []  # (length, doc, start)
-    for doc, length in zip(docs, lengths, strict=True):
+    for doc, start, length in pieces:
         full, rest = divmod(length, seq_len)
-        rows.extend([(doc, j * seq_len, seq_len)] for j in range(full))
+        rows.extend([(doc, start + j * seq_len, seq_len)] for j in range(full))
         if rest:
-            remainders.append((rest, doc, full * seq_len))
+            remainders.append((rest, doc, start + full * seq_len))
     remainders.sort(key=itemgetter(0), reverse=True)  # stable: ties keep stream order
     free = [0] * len(rows)  # remaining capacity per row
     open_keys: list[int] = []  # sorted capacity << 32 | row, for rows with capacity > 0
@@ -202,10 +225,10 @@ def best_fit_rows(docs: Sequence[int], lengths: Sequence[int], seq_len: int) -> 
         free[row] = capacity - length
         if free[row]:
             insort(open_keys, free[row] << _ROW_BITS | row)
-    for row, pieces in enumerate(rows):
+    for row, row_pieces in enumerate(rows):
         if free[row]:
-            pieces.append((PAD_DOC, 0, free[row]))
-    return [tuple(pieces) for pieces in rows]
+            row_pieces.append((PAD_DOC, 0, free[row]))
+    return [tuple(row_pieces) for row_pieces in rows]
 
 
 # --------------------------------------------------------------------------- assembly

@@ -83,8 +83,9 @@ class PositionLoss:
     def bucket_metrics(self, prefix: str) -> dict[str, float]:
         """Flat metric names, e.g. val/loss_by_abs_pos/1024, skipping empty buckets."""
         out = {}
-        for kind, means in (("abs_pos", 0), ("doc_pos", 1)):
-            for start, count, total in zip(self.starts, self.counts[means], self.sums[means]):
+        for kind, row in (("abs_pos", 0), ("doc_pos", 1)):
+            pairs = zip(self.starts, self.counts[row], self.sums[row], strict=True)
+            for start, count, total in pairs:
                 if count > 0:
                     out[f"{prefix}/loss_by_{kind}/{start}"] = float(total / count)
         return out
