@@ -32,9 +32,9 @@ from longctx.batch import IGNORE_INDEX, PackedBatch, position_ids_for
 PAD_DOC = -1  # the document index of a pad piece
 # A piece of a row: (document index, start offset in the document, length).
 Piece = tuple[int, int, int]
-_ROW_BITS = 32  # best-fit keys pack (capacity, row) into one int: capacity << 32 | row
+_ROW_BITS = 32  # best-fit keys: capacity << 32 | row
 _ROW_MASK = (1 << _ROW_BITS) - 1
-# best_fit re-plans (rather than emits) a row padded by more than this fraction of L.
+# best_fit keeps a row padded by more than this fraction of L open for one more buffer.
 CARRY_PAD_FRACTION = 0.005
 
 
@@ -127,27 +127,27 @@ class _ConcatChunkPlanner:
 
 
 class _BestFitPlanner:
-    """Lengths only: best-fit-decreasing over a buffer of ``buffer_size`` pieces.
+    """Lengths only: best-fit-decreasing over a buffer of ``buffer_size`` documents.
 
     A document longer than L contributes full L-token rows of its own and one remainder piece
     that is packed like any document. Pieces go in decreasing length into the open row with the
     least remaining capacity that still fits (bisect over sorted capacities, O(log n) search).
 
-    A small buffer leaves its last rows half empty (at L = 128k a buffer of 1000 documents fills
+    A small buffer leaves its last row half empty (at L = 128k a buffer of 1000 documents fills
     only ~9 rows). So, except at the end of the stream, a row padded by more than
-    ``CARRY_PAD_FRACTION`` of L is not emitted: its pieces go back into the next buffer, worst
-    rows first and at most half a buffer of pieces, so every round still takes in new documents.
+    ``CARRY_PAD_FRACTION`` of L stays open into the next buffer, once: the next documents fill
+    it. Carrying a row only once bounds the delay and the memory (at most two buffers).
     Emitted rows are shuffled by (seed, buffer index), so row order does not follow length.
     """
 
     def __init__(self, seq_len: int, buffer_size: int, seed: int) -> None:
         self.seq_len = seq_len
         self.buffer_size = buffer_size
-        self.max_carry = buffer_size // 2
         self.seed = seed
         self.ready: deque[tuple[Piece, ...]] = deque()
         self.pieces_left: dict[int, int] = {}  # planned, not yet assembled pieces per document
-        self.buffer: list[Piece] = []  # new documents and pieces carried from the last round
+        self.buffer: list[Piece] = []  # whole documents: (doc, 0, length)
+        self.carried: list[list[Piece]] = []  # open rows kept from the last buffer
         self.buffers_planned = 0
 
     def add(self, doc: int, length: int) -> None:
@@ -157,61 +157,72 @@ class _BestFitPlanner:
             self._plan(final=False)
 
     def flush(self) -> None:
-        self._plan(final=True)
+        if self.buffer or self.carried:
+            self._plan(final=True)
 
     def _plan(self, final: bool) -> None:
-        rows = best_fit_rows(self.buffer, self.seq_len)
-        self.buffer = [] if final else self._carry(rows)
-        rng = np.random.default_rng((self.seed, self.buffers_planned))
-        self.ready.extend(rows[i] for i in rng.permutation(len(rows)))
-        self.buffers_planned += 1
-
-    def _carry(self, rows: list[tuple[Piece, ...]]) -> list[Piece]:
-        """Remove the badly padded rows from ``rows``; return their pieces for the next round."""
-        worst_first = sorted(range(len(rows)), key=lambda r: _pad_of(rows[r]), reverse=True)
+        rows = best_fit_rows(self.buffer, self.seq_len, open_rows=self.carried)
         limit = CARRY_PAD_FRACTION * self.seq_len
-        carried: list[Piece] = []
-        dropped = set()
-        for r in worst_first:
-            pieces = rows[r][:-1]  # without the pad piece
-            if _pad_of(rows[r]) <= limit or len(carried) + len(pieces) > self.max_carry:
-                break
-            carried.extend(pieces)
-            dropped.add(r)
-        rows[:] = [row for r, row in enumerate(rows) if r not in dropped]
-        return carried
+        carry = [
+            not final and r >= len(self.carried) and _free_of(row, self.seq_len) > limit
+            for r, row in enumerate(rows)
+        ]
+        emitted = [
+            _with_pad(row, self.seq_len) for row, c in zip(rows, carry, strict=True) if not c
+        ]
+        self.carried = [row for row, c in zip(rows, carry, strict=True) if c]
+        self.buffer = []
+        rng = np.random.default_rng((self.seed, self.buffers_planned))
+        self.ready.extend(emitted[i] for i in rng.permutation(len(emitted)))
+        self.buffers_planned += 1
 
     def state_dict(self) -> dict:
         return {
             "buffer": [list(p) for p in self.buffer],
+            "carried": [[list(p) for p in row] for row in self.carried],
             "buffers_planned": self.buffers_planned,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.buffer = [tuple(int(v) for v in p) for p in state["buffer"]]
+        self.buffer = [_as_piece(p) for p in state["buffer"]]
+        self.carried = [[_as_piece(p) for p in row] for row in state["carried"]]
         self.buffers_planned = int(state["buffers_planned"])
 
 
-def _pad_of(row: tuple[Piece, ...]) -> int:
-    doc, _, length = row[-1]
-    return length if doc == PAD_DOC else 0
+def _as_piece(values) -> Piece:
+    doc, start, length = (int(v) for v in values)
+    return doc, start, length
 
 
-def best_fit_rows(pieces: Sequence[Piece], seq_len: int) -> list[tuple[Piece, ...]]:
-    """Best-fit-decreasing plan of one buffer of pieces: rows, each a tuple of pieces.
+def _free_of(row: Sequence[Piece], seq_len: int) -> int:
+    return seq_len - sum(length for _, _, length in row)
 
-    Every row's pieces sum to ``seq_len``; a row that is not full ends in a pad piece.
+
+def _with_pad(row: list[Piece], seq_len: int) -> tuple[Piece, ...]:
+    free = _free_of(row, seq_len)
+    return (*row, (PAD_DOC, 0, free)) if free else tuple(row)
+
+
+def best_fit_rows(
+    pieces: Sequence[Piece], seq_len: int, open_rows: Sequence[list[Piece]] = ()
+) -> list[list[Piece]]:
+    """Best-fit-decreasing plan of one buffer: rows (lists of pieces, no pad) in creation order.
+
+    ``open_rows`` are partially filled rows to fill first; they come back first, extended.
     """
-    rows: list[list[Piece]] = []
+    rows = [list(row) for row in open_rows]
+    free = [_free_of(row, seq_len) for row in rows]  # remaining capacity per row
+    open_keys = sorted(f << _ROW_BITS | r for r, f in enumerate(free) if f)
     remainders: list[tuple[int, int, int]] = []  # (length, doc, start)
     for doc, start, length in pieces:
         full, rest = divmod(length, seq_len)
-        rows.extend([(doc, start + j * seq_len, seq_len)] for j in range(full))
+        for j in range(full):
+            rows.append([(doc, start + j * seq_len, seq_len)])
+            free.append(0)
         if rest:
             remainders.append((rest, doc, start + full * seq_len))
     remainders.sort(key=itemgetter(0), reverse=True)  # stable: ties keep stream order
-    free = [0] * len(rows)  # remaining capacity per row
-    open_keys: list[int] = []  # sorted capacity << 32 | row, for rows with capacity > 0
+    # keys pack (capacity, row) into one int, so one bisect finds the tightest fitting row
     for length, doc, start in remainders:
         i = bisect_left(open_keys, length << _ROW_BITS)
         if i == len(open_keys):  # nothing fits: open a new row
@@ -225,10 +236,7 @@ def best_fit_rows(pieces: Sequence[Piece], seq_len: int) -> list[tuple[Piece, ..
         free[row] = capacity - length
         if free[row]:
             insort(open_keys, free[row] << _ROW_BITS | row)
-    for row, row_pieces in enumerate(rows):
-        if free[row]:
-            row_pieces.append((PAD_DOC, 0, free[row]))
-    return [tuple(row_pieces) for row_pieces in rows]
+    return rows
 
 
 # --------------------------------------------------------------------------- assembly
