@@ -339,7 +339,7 @@ class _PlannedPacker:
             "packer": self.name,
             "seq_len": self.seq_len,
             "documents_consumed": self._documents_consumed,
-            "documents": {d: doc.copy() for d, doc in self._documents.items()},
+            **_documents_state(self._documents),
             "pieces_left": dict(self._planner.pieces_left),
             "ready": [[list(p) for p in row] for row in self._planner.ready],
             "planner": self._planner.state_dict(),
@@ -353,11 +353,37 @@ class _PlannedPacker:
                     f"state has {key}={state.get(key)!r}, this packer has {key}={expected!r}"
                 )
         self._documents_consumed = int(state["documents_consumed"])
-        self._documents = {int(d): np.asarray(doc) for d, doc in state["documents"].items()}
+        self._documents = _documents_from_state(state)
         self._planner.pieces_left = {int(d): int(n) for d, n in state["pieces_left"].items()}
         self._planner.ready = deque(tuple(tuple(p) for p in row) for row in state["ready"])
         self._planner.load_state_dict(state["planner"])
         self._stats = PackingStats(**state["stats"])
+
+
+def _documents_state(documents: dict[int, np.ndarray]) -> dict:
+    """The held documents as ids, lengths and one int64 tensor of their concatenated tokens.
+
+    A tensor rather than numpy arrays, so ``torch.load(weights_only=True)`` (the default) can
+    read a checkpoint holding this state.
+    """
+    ids = list(documents)
+    tokens = np.concatenate([documents[d] for d in ids]) if ids else np.zeros(0)
+    return {
+        "document_ids": ids,
+        "document_lengths": [len(documents[d]) for d in ids],
+        "document_tokens": torch.from_numpy(tokens.astype(np.int64)),
+    }
+
+
+def _documents_from_state(state: dict) -> dict[int, np.ndarray]:
+    tokens = state["document_tokens"].numpy()
+    ends = np.cumsum(state["document_lengths"], dtype=np.int64)
+    return {
+        int(d): tokens[end - length : end]
+        for d, length, end in zip(
+            state["document_ids"], state["document_lengths"], ends, strict=True
+        )
+    }
 
 
 class ConcatChunkPacker(_PlannedPacker):
