@@ -1,0 +1,236 @@
+"""The prepared corpus on disk: manifest, atomic writes, and a validating shard reader.
+
+Layout of a prepared folder::
+
+    manifest.json                 written last, atomically: the commit point
+    train-00000.tokens.npy        uint16/uint32 tokens of consecutive documents (each ends in EOS)
+    train-00000.index.npy         int64 offsets [documents + 1] into the tokens file
+    val-00000.tokens.npy ...      the held-out split, same format
+
+A reader trusts only shards listed in a complete manifest whose files have the listed sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SPLITS = ("train", "val")
+
+
+@dataclasses.dataclass
+class ShardInfo:
+    tokens_file: str
+    index_file: str
+    documents: int
+    tokens: int
+    tokens_bytes: int
+    index_bytes: int
+
+
+@dataclasses.dataclass
+class SplitInfo:
+    documents: int = 0
+    tokens: int = 0
+    shards: list[ShardInfo] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Manifest:
+    input_hash: str
+    tokenizer: dict
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+    dtype: str
+    val_fraction: float
+    sources: list[dict]
+    splits: dict[str, SplitInfo]
+    skipped_empty_documents: int = 0
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Manifest:
+        data = dict(data)
+        data["splits"] = {
+            name: SplitInfo(
+                documents=s["documents"],
+                tokens=s["tokens"],
+                shards=[ShardInfo(**shard) for shard in s["shards"]],
+            )
+            for name, s in data["splits"].items()
+        }
+        return cls(**data)
+
+
+# --------------------------------------------------------------------------- atomic files
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp name in the same folder, fsync, then os.replace (all or nothing)."""
+    with _atomic_file(path) as f:
+        f.write(data)
+
+
+def atomic_save_npy(path: Path, array: np.ndarray) -> None:
+    with _atomic_file(path) as f:
+        np.save(f, array, allow_pickle=False)
+
+
+class _atomic_file:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def __enter__(self):
+        fd, self.tmp = tempfile.mkstemp(prefix=f".tmp-{self.path.name}.", dir=self.path.parent)
+        os.chmod(self.tmp, 0o644)  # mkstemp makes 0600; a shared cache must be readable
+        self.f = os.fdopen(fd, "wb")
+        return self.f
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.f.flush()
+                os.fsync(self.f.fileno())
+        finally:
+            self.f.close()
+        if exc_type is not None:
+            os.unlink(self.tmp)
+            return
+        os.replace(self.tmp, self.path)
+        _fsync_dir(self.path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_temp_files(folder: Path) -> None:
+    """Drop leftovers of an interrupted write (never listed in any manifest)."""
+    for path in Path(folder).glob(".tmp-*"):
+        path.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- manifest
+def write_manifest(folder: Path, manifest: Manifest) -> None:
+    text = json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n"
+    atomic_write_bytes(Path(folder) / MANIFEST_NAME, text.encode())
+
+
+def load_manifest(folder: str | Path) -> Manifest:
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} does not exist; expected a folder prepared by "
+            "`python -m longctx.data.prepare` (an interrupted prepare leaves no manifest)"
+        )
+    manifest = Manifest.from_dict(json.loads(path.read_text()))
+    if manifest.format_version != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has format_version {manifest.format_version}, expected {FORMAT_VERSION}; "
+            "prepare the corpus again"
+        )
+    return manifest
+
+
+def shard_files_intact(folder: Path, manifest: Manifest) -> bool:
+    """True when every listed shard file exists with the listed size."""
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            for name, size in (
+                (shard.tokens_file, shard.tokens_bytes),
+                (shard.index_file, shard.index_bytes),
+            ):
+                path = Path(folder) / name
+                if not path.is_file() or path.stat().st_size != size:
+                    return False
+    return True
+
+
+# --------------------------------------------------------------------------- reader
+class ShardSet:
+    """The documents of one split of a prepared folder, memory-mapped and validated on open.
+
+    Validation (all vectorised): each listed file exists with its listed size, offsets start
+    at 0, never decrease and end at the token count, and every token id is < vocab_size.
+    """
+
+    def __init__(self, folder: str | Path, split: str = "train", *, validate: bool = True):
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r}; expected one of {SPLITS}")
+        self.folder = Path(folder)
+        self.split = split
+        self.manifest = load_manifest(self.folder)
+        info = self.manifest.splits[split]
+        self._tokens = [self._open(s.tokens_file, s.tokens_bytes) for s in info.shards]
+        self._offsets = [self._open(s.index_file, s.index_bytes) for s in info.shards]
+        if validate:
+            for shard, tokens, offsets in zip(
+                info.shards, self._tokens, self._offsets, strict=True
+            ):
+                self._validate(shard, tokens, offsets)
+        counts = [len(o) - 1 for o in self._offsets]
+        self._first_doc = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.num_documents = int(self._first_doc[-1])
+        self.num_tokens = int(sum(len(t) for t in self._tokens))
+
+    def _open(self, name: str, size: int) -> np.ndarray:
+        path = self.folder / name
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"shard file {path} is missing; {self.folder / MANIFEST_NAME} lists it"
+            )
+        if path.stat().st_size != size:
+            raise ValueError(
+                f"shard file {path} has {path.stat().st_size} bytes, the manifest lists {size}; "
+                "the folder is corrupt: prepare it again"
+            )
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+
+    def _validate(self, shard: ShardInfo, tokens: np.ndarray, offsets: np.ndarray) -> None:
+        where = self.folder / shard.tokens_file
+        if len(offsets) != shard.documents + 1 or len(tokens) != shard.tokens:
+            raise ValueError(
+                f"{where}: {len(offsets) - 1} documents / {len(tokens)} tokens, "
+                f"manifest lists {shard.documents} / {shard.tokens}"
+            )
+        if offsets[0] != 0 or offsets[-1] != len(tokens) or (np.diff(offsets) <= 0).any():
+            raise ValueError(
+                f"{where}: document offsets are not increasing from 0 to "
+                f"{len(tokens)}; the index is corrupt"
+            )
+        top = int(tokens.max()) if len(tokens) else -1
+        if top >= self.manifest.vocab_size:
+            raise ValueError(
+                f"{where} holds token id {top} >= vocab_size "
+                f"{self.manifest.vocab_size} of its manifest; the shard is corrupt"
+            )
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def document(self, i: int) -> np.ndarray:
+        """Tokens of document i (ending in EOS), as int64."""
+        shard = int(np.searchsorted(self._first_doc, i, side="right")) - 1
+        local = i - int(self._first_doc[shard])
+        offsets = self._offsets[shard]
+        return np.asarray(self._tokens[shard][offsets[local] : offsets[local + 1]], np.int64)
+
+    def lengths(self) -> np.ndarray:
+        return (
+            np.concatenate([np.diff(o) for o in self._offsets])
+            if self._offsets
+            else np.zeros(0, np.int64)
+        )
