@@ -1,0 +1,7 @@
+"""The Llama model over PackedBatch: config and presets, module, chunked loss, HF interop."""
+
+from longctx.model.config import LlamaConfig, RopeScaling
+from longctx.model.flops import estimate_flops
+from longctx.model.llama import Llama
+
+__all__ = ["Llama", "LlamaConfig", "RopeScaling", "estimate_flops"]

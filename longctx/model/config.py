@@ -1,0 +1,143 @@
+"""Typed Llama configuration, validated on construction, with named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from longctx.model.attention import ATTENTION_BACKENDS
+
+
+@dataclasses.dataclass
+class RopeScaling:
+    """Llama 3.1 RoPE frequency scaling (long wavelengths divided by ``factor``)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    def __post_init__(self) -> None:
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position"):
+            _require_positive(f"rope_scaling.{name}", getattr(self, name))
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"rope_scaling.high_freq_factor={self.high_freq_factor} must be greater than "
+                f"low_freq_factor={self.low_freq_factor} (the smooth band lies between them)"
+            )
+
+
+@dataclasses.dataclass
+class LlamaConfig:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: RopeScaling | None = None
+    max_seq_len: int = 131072  # largest position RoPE is configured for
+    tie_embeddings: bool = False
+    attn_backend: str = "auto"
+    activation_checkpointing: bool = False
+    loss_chunk_size: int = 4096  # tokens per chunk of the chunked cross-entropy
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):  # Hydra hands nested configs over as dicts
+            self.rope_scaling = RopeScaling(**self.rope_scaling)
+        self._check_sizes()
+        self._check_heads()
+        if self.attn_backend not in ATTENTION_BACKENDS + ("auto",):
+            raise ValueError(
+                f"attn_backend={self.attn_backend!r} is unknown; expected one of "
+                f"{ATTENTION_BACKENDS + ('auto',)}"
+            )
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(
+                f"rope_scaling={self.rope_scaling!r}; expected a RopeScaling, a dict or None"
+            )
+
+    def _check_sizes(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim"):
+            _require_positive_int(name, getattr(self, name))
+        for name in ("max_seq_len", "loss_chunk_size"):
+            _require_positive_int(name, getattr(self, name))
+        for name in ("norm_eps", "rope_theta", "init_std"):
+            _require_positive(name, getattr(self, name))
+
+    def _check_heads(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads} "
+                "(grouped-query attention shares each KV head among n_heads / n_kv_heads heads)"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"head_dim = dim / n_heads = {self.head_dim} is odd; RoPE rotates pairs, "
+                "so it must be even"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def num_params(self) -> int:
+        """Exact parameter count of ``Llama(self)`` (tied embeddings counted once)."""
+        kv_dim = self.n_kv_heads * self.head_dim
+        attn = 2 * self.dim * self.dim + 2 * self.dim * kv_dim  # wq, wo; wk, wv
+        ffn = 3 * self.dim * self.ffn_dim  # w1, w2, w3
+        per_layer = attn + ffn + 2 * self.dim  # + attention_norm, ffn_norm
+        embeddings = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
+        return embeddings + self.n_layers * per_layer + self.dim  # + final norm
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> LlamaConfig:
+        """A named preset ("tiny", "llama3_1b", "llama3_8b") with field overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(
+                f"unknown LlamaConfig overrides {unknown}; fields are {sorted(fields)}"
+            )
+        return cls(**{**PRESETS[name], **overrides})
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}={value!r}; expected a positive int")
+
+
+def _require_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{name}={value!r}; expected a positive number")
+
+
+# rope_scaling as a dict so that every config gets its own RopeScaling (from __post_init__).
+PRESETS: dict[str, dict[str, Any]] = {
+    # The CPU default: a few million parameters, byte-level vocabulary (256 bytes + specials).
+    "tiny": dict(
+        vocab_size=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=768,
+        max_seq_len=131072, rope_theta=500000.0,
+    ),
+    # Llama 3.2 1B.
+    "llama3_1b": dict(
+        vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192,
+        rope_theta=500000.0, rope_scaling=dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position=8192),
+        tie_embeddings=True, max_seq_len=131072,
+    ),
+    # Llama 3.1 8B.
+    "llama3_8b": dict(
+        vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+        rope_theta=500000.0, rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position=8192),
+        tie_embeddings=False, max_seq_len=131072,
+    ),
+}  # fmt: skip

@@ -1,0 +1,198 @@
+"""Hugging Face Llama checkpoints in and out, without importing transformers.
+
+A local folder holds config.json and either model.safetensors or shards listed by
+model.safetensors.index.json. Both config styles are read: transformers 4.x (top-level
+``rope_theta`` and ``rope_scaling``) and 5.x (``rope_parameters`` holding both). Weights keep
+HF's layout: its q/k projections use the same rotate-half RoPE as longctx, so no permutation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from longctx.model.config import LlamaConfig, RopeScaling
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# longctx parameter name -> HF name; "{i}" is the layer index
+_LAYER_NAMES = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+_TOP_NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+# --------------------------------------------------------------------------- names
+def to_hf_name(name: str) -> str:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    _, index, rest = name.split(".", 2)  # layers.{i}.<rest>
+    return f"model.layers.{index}.{_LAYER_NAMES[rest]}"
+
+
+# --------------------------------------------------------------------------- config
+def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
+    """LlamaConfig from a parsed HF config.json; ``overrides`` are LlamaConfig fields."""
+    _check_supported(hf)
+    theta, scaling = _rope_from_hf(hf)
+    fields = dict(
+        vocab_size=hf["vocab_size"],
+        dim=hf["hidden_size"],
+        n_layers=hf["num_hidden_layers"],
+        n_heads=hf["num_attention_heads"],
+        n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        ffn_dim=hf["intermediate_size"],
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_seq_len=hf.get("max_position_embeddings", 2048),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    )
+    known = {f for f in LlamaConfig.__dataclass_fields__}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown LlamaConfig overrides {unknown}; fields are {sorted(known)}")
+    return LlamaConfig(**{**fields, **overrides})
+
+
+def _check_supported(hf: dict[str, Any]) -> None:
+    problems = []
+    if hf.get("model_type", "llama") != "llama":
+        problems.append(f"model_type={hf.get('model_type')!r} (expected 'llama')")
+    if hf.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={hf.get('hidden_act')!r} (expected 'silu')")
+    for flag in ("attention_bias", "mlp_bias"):
+        if hf.get(flag):
+            problems.append(f"{flag}=True (longctx's Llama has no biases)")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
+        problems.append(f"head_dim={head_dim} != hidden_size / num_attention_heads")
+    if problems:
+        raise ValueError("unsupported HF Llama config: " + "; ".join(problems))
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) from either config style."""
+    params = hf.get("rope_parameters") or {}
+    legacy = hf.get("rope_scaling") or {}
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    rope = params or legacy
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return float(theta), None
+    if kind != "llama3":
+        raise ValueError(f"unsupported RoPE type {kind!r}; expected 'default' or 'llama3'")
+    scaling = RopeScaling(
+        factor=float(rope["factor"]),
+        low_freq_factor=float(rope["low_freq_factor"]),
+        high_freq_factor=float(rope["high_freq_factor"]),
+        original_max_position=int(rope["original_max_position_embeddings"]),
+    )
+    return float(theta), scaling
+
+
+def config_to_hf(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """A config.json for LlamaForCausalLM. Written in the 4.x style (top-level rope_theta,
+    rope_scaling), which transformers 5.x still reads and converts."""
+    out = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.dim,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.ffn_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": config.max_seq_len,
+        "tie_word_embeddings": config.tie_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "initializer_range": config.init_std,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+    if config.rope_scaling is not None:
+        s = config.rope_scaling
+        out["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position,
+        }
+    return out
+
+
+# --------------------------------------------------------------------------- weights
+def read_hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a single-file or sharded safetensors checkpoint."""
+    if (path / INDEX_FILE).is_file():
+        index = json.loads((path / INDEX_FILE).read_text())
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            state.update(load_file(path / shard))
+        return state
+    if (path / WEIGHTS_FILE).is_file():
+        return load_file(path / WEIGHTS_FILE)
+    raise ValueError(f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
+
+
+def load_hf(cls, path: str | Path, **overrides: Any):
+    """Build ``cls(config)`` from an HF folder; weights are copied in the model's fp32."""
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file():
+        raise ValueError(f"{path} has no {CONFIG_FILE}; expected a Hugging Face model folder")
+    config = config_from_hf(json.loads((path / CONFIG_FILE).read_text()), **overrides)
+    with torch.device("meta"):  # no random init of weights that are about to be overwritten
+        model = cls(config)
+    model.to_empty(device="cpu")
+    model.load_state_dict(_from_hf_names(model, read_hf_state_dict(path)))
+    return model
+
+
+def _from_hf_names(model, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    expected = {to_hf_name(name): name for name in model.state_dict()}
+    if model.config.tie_embeddings:
+        hf_state = {k: v for k, v in hf_state.items() if k != "lm_head.weight"}  # a tied copy
+    missing = sorted(set(expected) - set(hf_state))
+    unexpected = sorted(set(hf_state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"HF checkpoint does not match the config: missing keys {missing}, "
+            f"unexpected keys {unexpected}"
+        )
+    return {expected[k]: v for k, v in hf_state.items()}
+
+
+def save_hf(model, path: str | Path) -> None:
+    """config.json + model.safetensors with HF names (lm_head omitted when tied)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {
+        to_hf_name(name): t.detach().cpu().contiguous() for name, t in model.state_dict().items()
+    }
+    dtype = next(iter(state.values())).dtype
+    (path / CONFIG_FILE).write_text(json.dumps(config_to_hf(model.config, dtype), indent=2))
+    save_file(state, path / WEIGHTS_FILE, metadata={"format": "pt"})

@@ -1,0 +1,217 @@
+"""Llama as a pure nn.Module over PackedBatch: document-masked attention, position-id RoPE.
+
+No Lightning, no Hydra: a typed LlamaConfig in, logits or a chunked loss out. Everything the
+layers share is derived from the batch once per forward: the attention metadata (segment
+boundaries in the backend's format) and the RoPE cos/sin of every token's position id.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils import skip_init
+from torch.utils.checkpoint import checkpoint
+
+from longctx.batch import PackedBatch
+from longctx.model.attention import (
+    AttentionMetadata,
+    attention,
+    build_attention_metadata,
+    resolve_backend,
+)
+from longctx.model.config import LlamaConfig
+from longctx.model.loss import chunked_token_loss
+from longctx.model.rope import apply_rope, inv_frequencies, rope_cos_sin
+
+
+def _linear(in_features: int, out_features: int) -> nn.Linear:
+    """An uninitialised bias-free Linear on the current default device: reset_parameters
+    alone draws from the RNG, so Llama(config) after manual_seed(s) is reproducible."""
+    device = torch.get_default_device()
+    return skip_init(nn.Linear, in_features, out_features, bias=False, device=device)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, normalised in fp32 whatever the activation dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            config.n_heads,
+            config.n_kv_heads,
+            config.head_dim,
+        )
+        self.wq = _linear(config.dim, config.n_heads * config.head_dim)
+        self.wk = _linear(config.dim, config.n_kv_heads * config.head_dim)
+        self.wv = _linear(config.dim, config.n_kv_heads * config.head_dim)
+        self.wo = _linear(config.n_heads * config.head_dim, config.dim)
+
+    def forward(self, x_BLD: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata) -> Tensor:
+        b, length, _ = x_BLD.shape
+        q_BLHD = self.wq(x_BLD).view(b, length, self.n_heads, self.head_dim)
+        k_BLKD = self.wk(x_BLD).view(b, length, self.n_kv_heads, self.head_dim)
+        v_BLKD = self.wv(x_BLD).view(b, length, self.n_kv_heads, self.head_dim)
+        q_BLHD, k_BLKD = apply_rope(q_BLHD, cos, sin), apply_rope(k_BLKD, cos, sin)
+        out_BLHD = attention(q_BLHD, k_BLKD, v_BLKD, meta)
+        return self.wo(out_BLHD.reshape(b, length, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.w1 = _linear(config.dim, config.ffn_dim)  # gate
+        self.w2 = _linear(config.ffn_dim, config.dim)  # down
+        self.w3 = _linear(config.dim, config.ffn_dim)  # up
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata) -> Tensor:
+        h = h + self.attention(self.attention_norm(h), cos, sin, meta)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = skip_init(
+            nn.Embedding, config.vocab_size, config.dim, device=torch.get_default_device()
+        )
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        # tied: the output projection is tok_embeddings.weight (see output_weight)
+        self.output = None if config.tie_embeddings else _linear(config.dim, config.vocab_size)
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ parameters
+    def reset_parameters(self) -> None:
+        """normal(0, init_std) weights, unit norms; residual-branch outputs (wo, w2) scaled by
+        1/sqrt(2 n_layers) so the residual stream's variance does not grow with depth."""
+        std = self.config.init_std
+        out_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, RMSNorm):
+                module.reset_parameters()
+            elif isinstance(module, nn.Linear | nn.Embedding):
+                last = name.rsplit(".", 1)[-1]
+                nn.init.normal_(module.weight, 0.0, out_std if last in ("wo", "w2") else std)
+
+    @property
+    def output_weight(self) -> Tensor:
+        """[V, dim] projection from hidden states to logits."""
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    # ------------------------------------------------------------------ forward
+    def hidden_states(self, batch: PackedBatch) -> Tensor:
+        """Final-normed hidden states [B, L, dim]."""
+        self._check_batch(batch)
+        device = self.tok_embeddings.weight.device
+        meta = build_attention_metadata(batch, resolve_backend(self.config.attn_backend, device))
+        h_BLD = self.tok_embeddings(batch.tokens)
+        cos, sin = self._rope(batch.position_ids, h_BLD.dtype)
+        checkpointing = self.config.activation_checkpointing and self.training
+        for layer in self.layers:
+            if checkpointing:
+                h_BLD = checkpoint(layer, h_BLD, cos, sin, meta, use_reentrant=False)
+            else:
+                h_BLD = layer(h_BLD, cos, sin, meta)
+        return self.norm(h_BLD)
+
+    def forward(self, batch: PackedBatch) -> Tensor:
+        """Logits [B, L, V]."""
+        return F.linear(self.hidden_states(batch), self.output_weight)
+
+    def token_loss(self, batch: PackedBatch) -> Tensor:
+        """fp32 [B, L] cross-entropy per token, 0 where label == -100; chunked over tokens."""
+        h_BLD = self.hidden_states(batch)
+        losses_N = chunked_token_loss(
+            h_BLD.flatten(0, 1),
+            self.output_weight,
+            batch.labels.flatten(),
+            self.config.loss_chunk_size,
+        )
+        return losses_N.view(batch.shape)
+
+    def loss(self, batch: PackedBatch) -> tuple[Tensor, int]:
+        """(fp32 loss summed over target tokens, number of target tokens).
+
+        A sum, not a mean: the caller divides by the global number of target tokens so the
+        loss is the same however tokens are split into rows, micro-batches or ranks.
+        """
+        return self.token_loss(batch).sum(), batch.num_loss_tokens
+
+    def _rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        c = self.config
+        inv_freq = inv_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, position_ids.device)
+        return rope_cos_sin(inv_freq, position_ids, dtype)
+
+    def _check_batch(self, batch: PackedBatch) -> None:
+        device = self.tok_embeddings.weight.device
+        if batch.tokens.device != device:
+            raise ValueError(
+                f"batch is on {batch.tokens.device} but the model is on {device}; "
+                "move it with batch.to(device)"
+            )
+        length = batch.shape[1]
+        if length > self.config.max_seq_len:
+            raise ValueError(f"batch has L={length} > config.max_seq_len={self.config.max_seq_len}")
+        # one device sync for all four bounds
+        tok_min, tok_max, pos_min, pos_max = torch.stack(
+            [batch.tokens.min(), batch.tokens.max(), batch.position_ids.min(),
+             batch.position_ids.max()]
+        ).tolist()  # fmt: skip
+        if tok_min < 0 or tok_max >= self.config.vocab_size:
+            raise ValueError(
+                f"token ids span [{tok_min}, {tok_max}]; expected ids in "
+                f"[0, vocab_size={self.config.vocab_size})"
+            )
+        if pos_min < 0 or pos_max >= self.config.max_seq_len:
+            raise ValueError(
+                f"position ids span [{pos_min}, {pos_max}]; expected positions in "
+                f"[0, max_seq_len={self.config.max_seq_len})"
+            )
+
+    # ------------------------------------------------------------------ HF interop
+    @classmethod
+    def from_hf(cls, path: str | Path, **overrides) -> Llama:
+        """Load a local Hugging Face Llama folder (config.json + safetensors, maybe sharded)."""
+        from longctx.model.hf import load_hf
+
+        return load_hf(cls, path, **overrides)
+
+    def save_hf(self, path: str | Path) -> None:
+        """Write a folder that transformers' LlamaForCausalLM.from_pretrained loads."""
+        from longctx.model.hf import save_hf
+
+        save_hf(self, path)

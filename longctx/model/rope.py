@@ -1,0 +1,55 @@
+"""Rotary position embeddings driven by each token's position id (reset or continuous).
+
+The rotation pairs dimension i with i + D/2 ("rotate half"), the convention of the Hugging Face
+Llama checkpoints, so their wq/wk load without a permutation. Frequencies are computed in fp32
+exactly as those checkpoints were trained; cos/sin are built once per forward for the batch's
+positions and shared by every layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from longctx.model.config import RopeScaling
+
+
+def inv_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling | None, device=None
+) -> Tensor:
+    """fp32 [D/2] inverse frequencies theta^(-2i/D), with Llama 3.1 scaling when given."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    return inv_freq if scaling is None else llama3_scale(inv_freq, scaling)
+
+
+def llama3_scale(inv_freq: Tensor, scaling: RopeScaling) -> Tensor:
+    """Llama 3.1: keep short wavelengths, divide long ones by ``factor``, blend in between."""
+    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen = scaling.original_max_position / scaling.low_freq_factor
+    high_freq_wavelen = scaling.original_max_position / scaling.high_freq_factor
+    # smooth = 0 at the long-wavelength edge (fully scaled), 1 at the short one (unscaled)
+    smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(in_band, blended, scaled)
+
+
+def rope_cos_sin(
+    inv_freq: Tensor, position_ids: Tensor, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """cos, sin [B, L, D/2] in ``dtype`` for the given int position ids [B, L]."""
+    angles_BLF = position_ids.float().unsqueeze(-1) * inv_freq.to(position_ids.device)
+    return angles_BLF.cos().to(dtype), angles_BLF.sin().to(dtype)
+
+
+def apply_rope(x_BLHD: Tensor, cos_BLF: Tensor, sin_BLF: Tensor) -> Tensor:
+    """Rotate each (x_i, x_{i+D/2}) pair by its position's angle for frequency i."""
+    x1, x2 = x_BLHD.chunk(2, dim=-1)
+    cos, sin = cos_BLF.unsqueeze(2), sin_BLF.unsqueeze(2)  # broadcast over heads
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
