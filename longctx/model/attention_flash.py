@@ -1,0 +1,85 @@
+"""The `flash` backend: a varlen flash-attention kernel over the flattened B*L tokens.
+
+Two implementations of the same computation, both driven by ``cu_seqlens``/``max_seqlen``:
+``flash_attn.flash_attn_varlen_func`` (the flash-attn package) and PyTorch's own
+``torch.nn.attention.varlen.varlen_attn`` (same kernel family, shipped with recent CUDA
+builds of torch). flash-attn is preferred when importable; both are CUDA-only, fp16/bf16-only.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+
+import torch
+from torch import Tensor
+
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def flash_attn_importable() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+@functools.cache
+def torch_varlen_attn():
+    """torch.nn.attention.varlen.varlen_attn, or None when this torch has no such function."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def available_flash_impls(device: torch.device) -> tuple[str, ...]:
+    """Implementations of the flash backend that can run on ``device``, preferred first."""
+    if device.type != "cuda":
+        return ()
+    impls = ("flash_attn",) if flash_attn_importable() else ()
+    return impls + (("torch_varlen",) if torch_varlen_attn() is not None else ())
+
+
+def flash_varlen_attention(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, impl: str
+) -> Tensor:
+    """q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D]; one causal sequence per segment."""
+    b, length, h, d = q.shape
+    q_THD = q.reshape(b * length, h, d)  # T = B*L flat tokens, the layout cu_seqlens indexes
+    k_THD = k.reshape(b * length, k.shape[2], d)
+    v_THD = v.reshape(b * length, k.shape[2], d)
+    if impl == "flash_attn":
+        out_THD = _flash_attn_call(q_THD, k_THD, v_THD, cu_seqlens, max_seqlen)
+    elif impl == "torch_varlen":
+        out_THD = _torch_varlen_call(q_THD, k_THD, v_THD, cu_seqlens, max_seqlen)
+    else:
+        raise ValueError(
+            f"unknown flash implementation {impl!r}; expected 'flash_attn' or 'torch_varlen'"
+        )
+    return out_THD.view(b, length, h, d)
+
+
+def _flash_attn_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int):
+    from flash_attn import flash_attn_varlen_func  # lazy: optional GPU dependency
+
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True
+    )  # GQA is native: k/v may have fewer heads
+
+
+def _torch_varlen_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int):
+    """torch's varlen_attn; its causal/GQA arguments changed across releases, so ask it."""
+    fn = torch_varlen_attn()
+    params = inspect.signature(fn).parameters
+    if "window_size" in params:
+        kwargs = {"window_size": (-1, 0)}  # (left, right) = (unbounded, 0): causal
+    elif "is_causal" in params:
+        kwargs = {"is_causal": True}
+    else:
+        raise RuntimeError(f"torch varlen_attn{inspect.signature(fn)} has no causal option")
+    n_rep = q.shape[1] // k.shape[1]
+    if n_rep > 1 and "enable_gqa" in params:
+        kwargs["enable_gqa"] = True
+    elif n_rep > 1:
+        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+    return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
