@@ -342,3 +342,52 @@ def test_estimate_flops_matches_hand_computation():
     assert estimate_flops(config, seq_lens) == pytest.approx(dense + attn)
     tied = dataclasses.replace(config, tie_embeddings=True)
     assert estimate_flops(tied, seq_lens) == pytest.approx(dense + attn)
+
+
+# --------------------------------------------------------------------------- low precision
+def test_bf16_model_trains_with_fp32_loss_close_to_fp32():
+    batch = make_batch(reset=True)
+    fp32_loss = make_model().loss(batch)[0].item()
+    model = make_model().to(torch.bfloat16)
+    loss_sum, _ = model.loss(batch)
+    loss_sum.backward()
+    assert loss_sum.dtype == torch.float32
+    assert loss_sum.item() == pytest.approx(fp32_loss, rel=2e-2)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- GPU
+CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["flash", "flex", "sdpa"])
+def test_gpu_bf16_packed_equals_per_document(backend):
+    from longctx.model.attention import resolve_backend
+
+    try:
+        resolve_backend(backend, torch.device("cuda"))
+    except (RuntimeError, ValueError) as err:
+        pytest.skip(f"{backend} unavailable: {err}")
+    model = make_model(attn_backend=backend).cuda().to(torch.bfloat16).eval()
+    batch = make_batch(reset=False).to("cuda")
+    with torch.no_grad():
+        packed = model(batch).float()
+        for row, sl in segments(batch):
+            single = model(alone(batch, row, sl))[0].float()
+            torch.testing.assert_close(packed[row, sl], single, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_flash_refuses_fp32():
+    from longctx.model.attention import resolve_backend
+
+    try:
+        resolve_backend("flash", torch.device("cuda"))
+    except (RuntimeError, ValueError) as err:
+        pytest.skip(f"flash unavailable: {err}")
+    model = make_model(attn_backend="flash").cuda()
+    with pytest.raises(ValueError, match="flash.*float32"):
+        model(make_batch(reset=True).to("cuda"))
