@@ -186,11 +186,13 @@ class Llama(nn.Module):
         length = batch.shape[1]
         if length > self.config.max_seq_len:
             raise ValueError(f"batch has L={length} > config.max_seq_len={self.config.max_seq_len}")
-        # one device sync for all four bounds
-        tok_min, tok_max, pos_min, pos_max = torch.stack(
-            [batch.tokens.min(), batch.tokens.max(), batch.position_ids.min(),
-             batch.position_ids.max()]
-        ).tolist()  # fmt: skip
+        self._check_id_ranges(batch)
+
+    def _check_id_ranges(self, batch: PackedBatch) -> None:
+        """Out-of-range ids would index past the embedding / RoPE tables: name them instead."""
+        bounds = [batch.tokens.min(), batch.tokens.max()]
+        bounds += [batch.position_ids.min(), batch.position_ids.max()]
+        tok_min, tok_max, pos_min, pos_max = torch.stack(bounds).tolist()  # one device sync
         if tok_min < 0 or tok_max >= self.config.vocab_size:
             raise ValueError(
                 f"token ids span [{tok_min}, {tok_max}]; expected ids in "
