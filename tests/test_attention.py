@@ -18,7 +18,12 @@ from longctx.model.attention import (
     resolve_backend,
 )
 from longctx.model.attention_flex import build_document_block_mask
-from longctx.model.attention_sdpa import PAD_BUDGET_TOKENS2, build_sdpa_plan, group_documents
+from longctx.model.attention_sdpa import (
+    PAD_BUDGET_TOKENS2,
+    build_sdpa_plan,
+    group_documents,
+    sdpa_attention,
+)
 
 CPU_BACKENDS = ("sdpa", "eager", "flex")
 TRAINING_CPU_BACKENDS = ("sdpa", "eager")
@@ -114,9 +119,17 @@ def test_sdpa_matches_reference_for_any_layout(rows, budget):
     length = max(sum(r) for r in rows) + 3
     batch = make_batch(rows, length)
     q, k, v = make_qkv(len(rows), length)
-    from longctx.model.attention_sdpa import sdpa_attention
-
     out = sdpa_attention(q, k, v, build_sdpa_plan(batch, pad_budget=budget))
+    assert (out - per_document_reference(q, k, v, batch.seq_lens)).abs().max() <= 1e-5
+
+
+def test_sdpa_padding_that_makes_slots_outnumber_tokens():
+    """Segments [4, 3] bucketed together: 8 slots for 7 tokens (found by hypothesis)."""
+    batch = make_batch([[4]], 7)
+    plan = build_sdpa_plan(batch, pad_budget=64)
+    assert plan.bucket_shapes == ((2, 4),) and plan.unpad_idx is not None
+    q, k, v = make_qkv(1, 7)
+    out = sdpa_attention(q, k, v, plan)
     assert (out - per_document_reference(q, k, v, batch.seq_lens)).abs().max() <= 1e-5
 
 
@@ -174,13 +187,13 @@ def test_many_tiny_documents_take_few_sdpa_calls():
     lengths = [[(i % 30) + 1 for i in range(500)]]
     batch = make_batch(lengths, sum(lengths[0]))
     plan = build_sdpa_plan(batch)
-    assert len(plan.buckets) == 1 and plan.buckets[0].n_docs == 500
+    assert plan.bucket_shapes == ((500, 30),)
 
 
 def test_equal_contiguous_documents_need_no_gather():
     plan = build_sdpa_plan(make_batch([[L], [L]]))
-    assert len(plan.buckets) == 1
-    assert plan.buckets[0].token_idx is None and plan.unpad_idx is None
+    assert plan.bucket_shapes == ((2, L),)
+    assert plan.slot_token_idx is None and plan.unpad_idx is None
 
 
 # -------------------------------------------------------------------- flex block mask
@@ -229,6 +242,8 @@ def test_flex_on_cpu_refuses_gradients_and_names_sdpa():
     meta = build_attention_metadata(batch, "flex")
     with pytest.raises(RuntimeError, match="no CPU FlexAttention backward.*'sdpa'"):
         attention(q.requires_grad_(True), k, v, meta)
+    with torch.no_grad():  # evaluation of a model whose weights require grad still works
+        assert attention(q, k, v, meta).shape == q.shape
 
 
 def test_long_sequences_refused_by_dense_backends_on_cpu():

@@ -102,10 +102,12 @@ def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMa
             "backward. Use attn_backend='sdpa' to train on CPU, or run flex under "
             "torch.no_grad() for evaluation."
         )
-    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     kwargs = {"block_mask": block_mask, "enable_gqa": q.shape[2] != k.shape[2]}
     if q.device.type == "cuda":
+        args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return _compiled_flex_attention()(*args, **kwargs).transpose(1, 2)
+    # no gradient can flow here (grad mode off), but CPU flex refuses any requires_grad input
+    args = (q.detach().transpose(1, 2), k.detach().transpose(1, 2), v.detach().transpose(1, 2))
     with warnings.catch_warnings():  # uncompiled on CPU is deliberate (L is capped upstream)
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention(*args, **kwargs).transpose(1, 2)

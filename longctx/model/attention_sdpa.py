@@ -31,30 +31,26 @@ PAD_BUDGET_TOKENS2 = 128 * 128
 
 
 @dataclasses.dataclass(frozen=True)
-class DocBucket:
-    """n_docs documents run as one SDPA call, each padded at its end to pad_len tokens.
-
-    token_idx: int64 [n_docs * pad_len], the flat token (over B*L) behind every padded slot
-    (pad slots repeat their document's last token); None when the bucket is one contiguous
-    run of flat tokens starting at ``start`` (no copy needed, a view suffices).
-    """
-
-    pad_len: int
-    n_docs: int
-    start: int
-    token_idx: Tensor | None
-
-
-@dataclasses.dataclass(frozen=True)
 class SdpaPlan:
-    """Buckets covering every flat token once, and how to put their outputs back in order.
+    """Document buckets over the flattened B*L tokens, as slots of one padded token list.
 
-    unpad_idx: int64 [B*L], for each flat token its slot in cat(bucket outputs over
-    [n_docs * pad_len] rows); None when that concatenation already is the flat order.
+    bucket_shapes: (n_docs, pad_len) per bucket, the bucket's SDPA batch and length; bucket i
+        owns the next n_docs * pad_len slots, document-major.
+    slot_token_idx: int64 [num_slots], the flat token behind every slot (pad slots repeat
+        their document's last token); None when the slots are exactly the flat tokens.
+    unpad_idx: int64 [B*L], the slot of every flat token; None when that is the identity.
+
+    One gather in, one scatter out: gradients then flow through a single index_select and a
+    single split (whose backward is one cat), never through a full-size zero tensor per bucket.
     """
 
-    buckets: tuple[DocBucket, ...]
+    bucket_shapes: tuple[tuple[int, int], ...]
+    slot_token_idx: Tensor | None
     unpad_idx: Tensor | None
+
+    @property
+    def num_slots(self) -> int:
+        return sum(n * pad_len for n, pad_len in self.bucket_shapes)
 
 
 def group_documents(lengths: list[int], pad_budget: int = PAD_BUDGET_TOKENS2) -> list[list[int]]:
@@ -75,75 +71,63 @@ def group_documents(lengths: list[int], pad_budget: int = PAD_BUDGET_TOKENS2) ->
 def build_sdpa_plan(batch: PackedBatch, pad_budget: int = PAD_BUDGET_TOKENS2) -> SdpaPlan:
     """Bucket every segment of ``batch`` (flattened over B*L) and index the buckets' slots."""
     lengths = [n for n in batch.seq_lens.flatten().tolist() if n > 0]
-    starts = torch.tensor(lengths, dtype=torch.int64).cumsum(0) - torch.tensor(lengths)
-    total = sum(lengths)
-    buckets, unpad_idx, slot_base = [], torch.empty(total, dtype=torch.int64), 0
+    len_D = torch.tensor(lengths, dtype=torch.int64)  # D = documents (segments)
+    start_D = len_D.cumsum(0) - len_D
+    shapes, token_idx, real = [], [], []
     for group in group_documents(lengths, pad_budget):
-        doc_len = torch.tensor([lengths[i] for i in group])
-        doc_start = starts[group]
-        pad_len = int(doc_len[0])
-        offset_P = torch.arange(pad_len)
-        # [n, P]: flat token per slot; pad slots repeat the document's last token
-        token_idx_NP = doc_start[:, None] + torch.minimum(offset_P[None, :], doc_len[:, None] - 1)
-        slot_NP = slot_base + torch.arange(len(group) * pad_len).view(len(group), pad_len)
-        real_NP = offset_P[None, :] < doc_len[:, None]
-        unpad_idx[token_idx_NP[real_NP]] = slot_NP[real_NP]
-        buckets.append(_bucket(token_idx_NP, pad_len, doc_len))
-        slot_base += len(group) * pad_len
-    identity = slot_base == total and bool((unpad_idx == torch.arange(total)).all())
-    return _to_device(SdpaPlan(tuple(buckets), None if identity else unpad_idx), batch)
-
-
-def _bucket(token_idx_NP: Tensor, pad_len: int, doc_len: Tensor) -> DocBucket:
-    n, start = token_idx_NP.shape[0], int(token_idx_NP[0, 0])
-    flat = token_idx_NP.flatten()
-    contiguous = bool((doc_len == pad_len).all()) and bool(
-        (flat == torch.arange(start, start + flat.numel())).all()
-    )
-    return DocBucket(pad_len, n, start, None if contiguous else flat)
-
-
-def _to_device(plan: SdpaPlan, batch: PackedBatch) -> SdpaPlan:
+        doc_len_N, pad_len = len_D[group], lengths[group[0]]
+        offset_NP = torch.arange(pad_len).expand(len(group), pad_len)
+        last_N1 = (doc_len_N - 1)[:, None]
+        token_idx.append((start_D[group][:, None] + offset_NP.minimum(last_N1)).flatten())
+        real.append((offset_NP <= last_N1).flatten())
+        shapes.append((len(group), pad_len))
+    slot_token_idx, real_slot = torch.cat(token_idx), torch.cat(real)
+    unpad_idx = torch.empty(len(len_D) and int(len_D.sum()), dtype=torch.int64)
+    unpad_idx[slot_token_idx[real_slot]] = real_slot.nonzero().flatten()
     device = batch.tokens.device
-    buckets = tuple(
-        dataclasses.replace(b, token_idx=None if b.token_idx is None else b.token_idx.to(device))
-        for b in plan.buckets
+    no_pad = slot_token_idx.numel() == unpad_idx.numel()
+    return SdpaPlan(
+        tuple(shapes),
+        None if no_pad and _is_identity(slot_token_idx) else slot_token_idx.to(device),
+        None if no_pad and _is_identity(unpad_idx) else unpad_idx.to(device),
     )
-    unpad = None if plan.unpad_idx is None else plan.unpad_idx.to(device)
-    return SdpaPlan(buckets, unpad)
+
+
+def _is_identity(idx: Tensor) -> bool:
+    return bool((idx == torch.arange(idx.numel())).all())
 
 
 # --------------------------------------------------------------------------- forward
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: SdpaPlan) -> Tensor:
     """q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D], causal within each document."""
     b, length, h, d = q.shape
-    q_THD = q.reshape(b * length, h, d)  # T = B*L flat tokens
-    k_THD = k.reshape(b * length, k.shape[2], d)
-    v_THD = v.reshape(b * length, k.shape[2], d)
-    outs = [_bucket_attention(q_THD, k_THD, v_THD, bucket) for bucket in plan.buckets]
-    out_THD = outs[0] if len(outs) == 1 else torch.cat(outs)
+    sizes = [n * pad_len for n, pad_len in plan.bucket_shapes]
+    q_pieces, k_pieces, v_pieces = (_slots(x, plan).split(sizes) for x in (q, k, v))
+    outs = []
+    for shape, q_SHD, k_SHD, v_SHD in zip(
+        plan.bucket_shapes, q_pieces, k_pieces, v_pieces, strict=True
+    ):
+        outs.append(_bucket_attention(q_SHD, k_SHD, v_SHD, *shape))  # S = this bucket's slots
+    out_SHD = outs[0] if len(outs) == 1 else torch.cat(outs)
     if plan.unpad_idx is not None:
-        out_THD = out_THD.index_select(0, plan.unpad_idx)
-    return out_THD.view(b, length, h, d)
+        out_SHD = out_SHD.index_select(0, plan.unpad_idx)
+    return out_SHD.view(b, length, h, d)
 
 
-def _bucket_attention(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, bucket: DocBucket) -> Tensor:
-    """One SDPA call over a bucket; returns [n_docs * pad_len, H, D] in slot order."""
-    n, pad_len = bucket.n_docs, bucket.pad_len
-    q_NHPD, k_NHPD, v_NHPD = (_take(x, bucket).transpose(1, 2) for x in (q_THD, k_THD, v_THD))
+def _slots(x_BLHD: Tensor, plan: SdpaPlan) -> Tensor:
+    """[num_slots, H, D]: the flat tokens gathered into bucket slot order."""
+    x_THD = x_BLHD.reshape(-1, x_BLHD.shape[2], x_BLHD.shape[3])  # T = B*L flat tokens
+    return x_THD if plan.slot_token_idx is None else x_THD.index_select(0, plan.slot_token_idx)
+
+
+def _bucket_attention(q_SHD: Tensor, k_SHD: Tensor, v_SHD: Tensor, n: int, pad_len: int):
+    """One causal SDPA call over a bucket's n documents of pad_len slots -> [n * pad_len, H, D]."""
+    q_NHPD, k_NHPD, v_NHPD = (
+        x.view(n, pad_len, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q_SHD, k_SHD, v_SHD)
+    )
     k_NHPD, v_NHPD, gqa_kwargs = _gqa(q_NHPD, k_NHPD, v_NHPD)
     out_NHPD = F.scaled_dot_product_attention(q_NHPD, k_NHPD, v_NHPD, is_causal=True, **gqa_kwargs)
-    return out_NHPD.transpose(1, 2).reshape(n * pad_len, q_THD.shape[1], q_THD.shape[2])
-
-
-def _take(x_THD: Tensor, bucket: DocBucket) -> Tensor:
-    """[n_docs, pad_len, H, D] slots of a bucket: a view when contiguous, else a gather."""
-    n, pad_len = bucket.n_docs, bucket.pad_len
-    if bucket.token_idx is None:
-        rows = x_THD.narrow(0, bucket.start, n * pad_len)
-    else:
-        rows = x_THD.index_select(0, bucket.token_idx)
-    return rows.view(n, pad_len, x_THD.shape[1], x_THD.shape[2])
+    return out_NHPD.transpose(1, 2).reshape(n * pad_len, q_SHD.shape[1], q_SHD.shape[2])
 
 
 def _gqa(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, dict]:
