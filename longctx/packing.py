@@ -20,14 +20,14 @@ from __future__ import annotations
 import dataclasses
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from longctx.batch import IGNORE_INDEX, PackedBatch, position_ids_for
+from longctx.batch import IGNORE_INDEX, PackedBatch
 
 PAD_DOC = -1  # the document index of a pad piece
 # A piece of a row: (document index, start offset in the document, length).
@@ -72,14 +72,15 @@ class PackingStats:
         """Mean number of document segments (whole documents or fragments) per row."""
         return self.segments / self.rows if self.rows else 0.0
 
-    def record(self, pieces: Sequence[Piece], documents: dict[int, np.ndarray]) -> None:
+    def record(self, pieces: Sequence[Piece], length_of: Callable[[int], int]) -> None:
+        """Count one row; ``length_of(doc)`` is a document's full length."""
         for doc, start, length in pieces:
             self.tokens += length
             if doc == PAD_DOC:
                 self.pad_tokens += length
-                continue
-            self.segments += 1
-            self.splits += start + length < len(documents[doc])
+            else:
+                self.segments += 1
+                self.splits += start + length < length_of(doc)
         self.rows += 1
 
     def as_dict(self) -> dict:
@@ -243,27 +244,36 @@ def best_fit_rows(
 def assemble_row(
     pieces: Sequence[Piece], documents: dict[int, np.ndarray], seq_len: int, pad_id: int
 ) -> PackedRow:
-    """Copy the planned pieces into one row; labels never cross a document end."""
+    """Copy the planned pieces into one row; labels never cross a document end.
+
+    One slice copy per piece; the labels are the row shifted by one, then fixed at each
+    piece's last position: -100 where the piece ends its document, else (a fragment) the
+    document's next token, which lives in another row.
+    """
     tokens = np.empty(seq_len, dtype=np.int64)
     labels = np.empty(seq_len, dtype=np.int64)
-    seq_lens = np.empty(len(pieces), dtype=np.int32)
+    seq_lens = np.array([length for _, _, length in pieces], dtype=np.int32)
+    continuations: list[tuple[int, int]] = []  # (row position, next token) of fragments
+    pads: list[tuple[int, int]] = []
     pos = 0
-    for i, (doc, start, length) in enumerate(pieces):
-        seq_lens[i] = length
+    for doc, start, length in pieces:
         end = pos + length
         if doc == PAD_DOC:
             tokens[pos:end] = pad_id
-            labels[pos:end] = IGNORE_INDEX
+            pads.append((pos, end))
         else:
             source = documents[doc]
-            tokens[pos:end] = source[start : start + length]
-            # Targets are the document's next tokens; a fragment that does not end the
-            # document still predicts its continuation (which lives in another row).
-            shifted = source[start + 1 : start + length + 1]
-            labels[pos : pos + len(shifted)] = shifted
-            if len(shifted) < length:  # the piece ends its document
-                labels[end - 1] = IGNORE_INDEX
+            stop = start + length
+            tokens[pos:end] = source[start:stop]
+            if stop < len(source):
+                continuations.append((end - 1, source[stop]))
         pos = end
+    labels[:-1] = tokens[1:]
+    labels[np.cumsum(seq_lens) - 1] = IGNORE_INDEX
+    for position, token in continuations:
+        labels[position] = token
+    for pad_start, pad_end in pads:
+        labels[pad_start:pad_end] = IGNORE_INDEX
     return PackedRow(tokens=tokens, labels=labels, seq_lens=seq_lens)
 
 
@@ -322,16 +332,23 @@ class _PlannedPacker:
         return True
 
     def _emit(self, pieces: tuple[Piece, ...]) -> PackedRow:
-        row = assemble_row(pieces, self._documents, self.seq_len, self.pad_id)
-        self._stats.record(pieces, self._documents)
-        pieces_left = self._planner.pieces_left
+        documents = self._documents
+        row = assemble_row(pieces, documents, self.seq_len, self.pad_id)
+        self._stats.record(pieces, lambda doc: len(documents[doc]))
+        self._release(pieces)
+        return row
+
+    def _release(self, pieces: tuple[Piece, ...]) -> None:
+        """Drop each document whose last planned piece has now been assembled."""
+        pieces_left, documents = self._planner.pieces_left, self._documents
         for doc, _, _ in pieces:
             if doc == PAD_DOC:
                 continue
-            pieces_left[doc] -= 1
-            if not pieces_left[doc]:  # its last piece is out: the packer can drop it
-                del pieces_left[doc], self._documents[doc]
-        return row
+            left = pieces_left[doc] - 1
+            if left:
+                pieces_left[doc] = left
+            else:
+                del pieces_left[doc], documents[doc]
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -420,6 +437,29 @@ def make_packer(
     raise ValueError(f"unknown packer {name!r}; expected one of 'concat_chunk', 'best_fit'")
 
 
+def plan_rows(
+    name: str, lengths: Sequence[int], seq_len: int, *, buffer_size: int = 1000, seed: int = 0
+) -> tuple[list[tuple[Piece, ...]], PackingStats]:
+    """Planning alone: the rows a packer would build for documents of these lengths.
+
+    Each row is a tuple of pieces ``(document index, start, length)``, a pad piece having
+    document index -1; no tokens are touched. For benchmarks and tests of the planners.
+    """
+    planner = make_packer(name, seq_len, buffer_size=buffer_size, seed=seed)._planner
+    plan: list[tuple[Piece, ...]] = []
+    for doc, length in enumerate(lengths):
+        planner.add(doc, length)
+        if planner.ready:
+            plan.extend(planner.ready)
+            planner.ready.clear()
+    planner.flush()
+    plan.extend(planner.ready)
+    stats = PackingStats()
+    for pieces in plan:
+        stats.record(pieces, lengths.__getitem__)
+    return plan, stats
+
+
 # --------------------------------------------------------------------------- collate
 def collate_rows(
     rows: Sequence[PackedRow], *, reset_position_ids: bool, document_mask: bool
@@ -434,14 +474,29 @@ def collate_rows(
         raise ValueError("collate_rows got no rows; expected at least one PackedRow")
     length = len(rows[0].tokens)
     for i, row in enumerate(rows):
-        _check_row(row, i, length)
+        _check_row_arrays(row, i, length)
+    doc_lens = _pad_lengths([r.seq_lens for r in rows])
+    _check_row_lengths(doc_lens, rows, length)
     tokens = torch.from_numpy(np.stack([r.tokens for r in rows]))
     labels = torch.from_numpy(np.stack([r.labels for r in rows]))
-    doc_lens = torch.from_numpy(_pad_lengths([r.seq_lens for r in rows]))
-    positions = position_ids_for(doc_lens, length, reset_position_ids)
-    if not document_mask:
-        doc_lens = torch.full((len(rows), 1), length, dtype=torch.int32)
-    return PackedBatch(tokens, labels, positions, doc_lens)
+    positions = torch.from_numpy(_position_ids(doc_lens, length, reset_position_ids))
+    seq_lens = doc_lens if document_mask else np.full((len(rows), 1), length, dtype=np.int32)
+    return PackedBatch(tokens, labels, positions, torch.from_numpy(seq_lens))
+
+
+def _position_ids(doc_lens: np.ndarray, length: int, reset: bool) -> np.ndarray:
+    """int64 [B, L]: restart at every document segment, or 0..L-1 along each row."""
+    counting = np.arange(length, dtype=np.int64)
+    if not reset:
+        return np.broadcast_to(counting, (doc_lens.shape[0], length)).copy()
+    # One slice copy of 0..n-1 per segment: cheaper than a cumulative sum over B*L tokens.
+    out = np.empty((doc_lens.shape[0], length), dtype=np.int64)
+    for row, lens in zip(out, doc_lens.tolist(), strict=True):
+        pos = 0
+        for n in lens:
+            row[pos : pos + n] = counting[:n]
+            pos += n
+    return out
 
 
 def _pad_lengths(seq_lens: Sequence[np.ndarray]) -> np.ndarray:
@@ -470,7 +525,7 @@ def _checked_document(document, index: int) -> np.ndarray:
     return document
 
 
-def _check_row(row: PackedRow, index: int, length: int) -> None:
+def _check_row_arrays(row: PackedRow, index: int, length: int) -> None:
     for name in ("tokens", "labels"):
         array = getattr(row, name)
         if array.shape != (length,) or array.dtype.kind not in "iu":
@@ -478,8 +533,14 @@ def _check_row(row: PackedRow, index: int, length: int) -> None:
                 f"row {index} {name} has shape {array.shape} dtype {array.dtype}; "
                 f"expected an integer array of shape ({length},)"
             )
-    total = int(row.seq_lens.sum())
-    if total != length or (row.seq_lens <= 0).any():
+
+
+def _check_row_lengths(doc_lens: np.ndarray, rows: Sequence[PackedRow], length: int) -> None:
+    """Every row's seq_lens must be positive and sum to L (checked for all rows at once)."""
+    bad = (doc_lens.sum(1, dtype=np.int64) != length) | (
+        (doc_lens > 0).sum(1) != [len(r.seq_lens) for r in rows]
+    )
+    for i in np.flatnonzero(bad)[:1]:
         raise ValueError(
-            f"row {index} seq_lens {row.seq_lens.tolist()} must be positive and sum to L={length}"
+            f"row {i} seq_lens {rows[i].seq_lens.tolist()} must be positive and sum to L={length}"
         )
