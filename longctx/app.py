@@ -14,6 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -123,6 +124,14 @@ def check_memory(model_config: LlamaConfig, trainer_cfg: DictConfig, device: tor
         )
 
 
+def instantiate_config(group: str, node: DictConfig):
+    """A typed config from its group; a value its validation refuses is a ConfigError."""
+    try:
+        return instantiate(node)
+    except InstantiationException as err:
+        raise ConfigError(f"{group}: {err}") from err
+
+
 def preflight(cfg: DictConfig, model_config: LlamaConfig, seq_len: int) -> torch.device:
     device = training_device(cfg.trainer)
     check_devices(cfg.trainer, device)
@@ -156,11 +165,11 @@ def build_callbacks(cfg: DictConfig) -> list:
 
 def run(cfg: DictConfig) -> dict:
     """Train (or dry-run) one configuration; returns the final logged metrics."""
-    from longctx.data import LongCtxDataModule
+    from longctx.data.datamodule import LongCtxDataModule
     from longctx.module import LongCtxModule
 
-    model_config: LlamaConfig = instantiate(cfg.model)
-    data_config = instantiate(cfg.data)
+    model_config: LlamaConfig = instantiate_config("model", cfg.model)
+    data_config = instantiate_config("data", cfg.data)
     preflight(cfg, model_config, data_config.seq_len)
     if cfg.dry_run:
         return dry_run_report(model_config, cfg)
@@ -169,7 +178,10 @@ def run(cfg: DictConfig) -> dict:
     output_dir = Path(cfg.paths.output_dir)
     datamodule = LongCtxDataModule(data_config)
     datamodule.prepare_data()
-    datamodule.check_vocab(model_config.vocab_size)
+    try:
+        datamodule.check_vocab(model_config.vocab_size)
+    except ValueError as err:
+        raise ConfigError(f"model.vocab_size={model_config.vocab_size}: {err}") from err
     module = LongCtxModule(
         model_config,
         optimizer=instantiate(cfg.optim.optimizer),

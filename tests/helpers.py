@@ -1,0 +1,50 @@
+"""Shared app-test helpers: compose the real Hydra config, run train.py in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# the embedded corpus is prepared once per checkout and shared by every test (it is idempotent)
+CACHE_DIR = ROOT / "data_cache"
+# small and fast: every run of the app in tests shrinks the default config this way
+FAST = [
+    "logger=csv",
+    "data.seq_len=256",
+    "data.micro_batch_size=2",
+    "data.val_rows=4",
+    "trainer.val_check_interval=10",
+    "trainer.limit_val_batches=2",
+    "trainer.enable_progress_bar=false",
+    f"paths.cache_dir={CACHE_DIR}",
+]
+
+
+def compose(overrides: list[str], output_dir: Path | None = None):
+    """The real train.yaml with overrides, as train.py would see it (minus Hydra's runtime)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from longctx.app import register_resolvers
+
+    register_resolvers()
+    extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else []
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose("train", overrides=overrides + extra)
+
+
+def run_train(args: list[str], tmp_path: Path, timeout: int = 600, check: bool = True):
+    """python train.py ARGS in a subprocess, outputs under tmp_path; returns CompletedProcess."""
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONHASHSEED": "0"}
+    cmd = [sys.executable, str(ROOT / "train.py"), f"paths.root_dir={tmp_path}", *args]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
+    return proc

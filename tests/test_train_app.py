@@ -1,0 +1,215 @@
+"""The Hydra app: every config composes, train.py trains, resumes exactly, refuses bad configs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import CACHE_DIR, FAST, ROOT, compose, run_train
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from longctx.model import Llama, LlamaConfig
+
+CONF = ROOT / "conf"
+GOLDEN = ROOT / "tests" / "assets" / "golden_tiny_loss.json"
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "group", ["model", "data", "trainer", "optim", "logger", "callbacks", "paths", "debug"]
+)
+def test_every_group_option_composes(group, tmp_path):
+    for option in options(group):
+        overrides = [f"{group}={option}"]
+        if group == "data" and option == "shards":
+            overrides.append(f"data.shards=[{tmp_path}]")
+        cfg = compose(overrides, output_dir=tmp_path)
+        OmegaConf.resolve(cfg)  # every interpolation resolves
+        assert cfg[group] is not None
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_every_experiment_composes(experiment, tmp_path):
+    cfg = compose([f"experiment={experiment}"], output_dir=tmp_path)
+    OmegaConf.resolve(cfg)
+    assert instantiate(cfg.model).n_layers >= 1
+    assert instantiate(cfg.data).seq_len >= 1
+
+
+@pytest.mark.parametrize("preset", options("model"))
+def test_instantiate_each_model_preset(preset, tmp_path):
+    cfg = compose([f"model={preset}", *FAST], output_dir=tmp_path)
+    config: LlamaConfig = instantiate(cfg.model)
+    assert isinstance(config, LlamaConfig)
+    with torch.device("meta"):  # 8B and 1B only ever on the meta device here
+        model = Llama(config)
+    assert sum(p.numel() for p in model.parameters()) == config.num_params()
+    trainer = instantiate(cfg.trainer, logger=False, callbacks=[])
+    assert trainer.max_steps == cfg.trainer.max_steps
+
+
+def test_instantiate_datamodule_and_module(tmp_path):
+    from longctx.data import LongCtxDataModule
+    from longctx.module import LongCtxModule
+
+    cfg = compose(FAST, output_dir=tmp_path)
+    datamodule = LongCtxDataModule(instantiate(cfg.data))
+    module = LongCtxModule(
+        instantiate(cfg.model),
+        optimizer=instantiate(cfg.optim.optimizer),
+        scheduler=instantiate(cfg.optim.scheduler),
+    )
+    assert datamodule.config.seq_len == 256
+    assert module.model.config.dim == 256
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "csv" / "metrics.csv"
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    return [float(r["train/loss"]) for r in read_metrics(run_dir) if r.get("train/loss")]
+
+
+def test_smoke_training_through_train_py(tmp_path):
+    run_train(
+        [*FAST, "run_name=smoke", "trainer.max_steps=40", "optim.scheduler.warmup_steps=5"],
+        tmp_path,
+    )
+    run_dir = tmp_path / "outputs" / "train" / "smoke"
+    losses = train_losses(run_dir)
+    assert len(losses) == 40
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < first - 0.5, (first, last)
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    val = [float(r["val/loss"]) for r in read_metrics(run_dir) if r.get("val/loss")]
+    assert val and all(v == v for v in val)  # validation ran and is finite
+
+
+def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    return state
+
+
+RESUME = [
+    *FAST,
+    "trainer.max_steps=8",
+    "trainer.val_check_interval=4",
+    "trainer.deterministic=true",
+]
+
+
+@pytest.mark.slow
+def test_resume_is_exact(tmp_path):
+    keep = ["callbacks.checkpoint.every_n_train_steps=4", "callbacks.checkpoint.save_top_k=-1"]
+    run_train([*RESUME, *keep, "run_name=full"], tmp_path)
+    full = tmp_path / "outputs" / "train" / "full"
+    mid = next((full / "checkpoints").glob("*step=4.ckpt"))
+    run_train([*RESUME, "run_name=resumed", f"ckpt_path={mid}"], tmp_path)
+    resumed = tmp_path / "outputs" / "train" / "resumed"
+    assert train_losses(resumed) == train_losses(full)[4:]
+    a, b = final_params(full), final_params(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_resume_matches(tmp_path):
+    steps = ["trainer.max_steps=100", "callbacks.checkpoint.every_n_train_steps=10"]
+    run_train([*RESUME, *steps, "run_name=full"], tmp_path)
+    killed = tmp_path / "outputs" / "train" / "killed"
+    cmd = [sys.executable, str(ROOT / "train.py"), f"paths.root_dir={tmp_path}", *RESUME, *steps]
+    proc = subprocess.Popen(
+        [*cmd, "run_name=killed"],
+        cwd=tmp_path,
+        env={**os.environ, "WANDB_MODE": "offline"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)  # mid-run: the first checkpoint is at step 10 of 100
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    stopped_at = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    assert 10 <= stopped_at < 100, out[-3000:]
+    run_train([*RESUME, *steps, "run_name=killed", "ckpt_path=last"], tmp_path)
+    a, b = final_params(tmp_path / "outputs" / "train" / "full"), final_params(killed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_golden_loss_curve(tmp_path):
+    """The tiny model's first 20 losses under deterministic CPU settings (tests/assets)."""
+    expected = json.loads(GOLDEN.read_text())
+    run_train([*expected["overrides"], f"paths.cache_dir={CACHE_DIR}", "run_name=golden"], tmp_path)
+    losses = train_losses(tmp_path / "outputs" / "train" / "golden")
+    assert losses == pytest.approx(expected["losses"], rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_ablation_multirun_offline_wandb(tmp_path):
+    run_train(
+        [
+            "-m",
+            "experiment=position_ablation",
+            *FAST,
+            "logger=wandb",
+            "trainer.max_steps=3",
+            "trainer.val_check_interval=3",
+        ],
+        tmp_path,
+    )
+    runs = list((tmp_path / "multirun").rglob("wandb/offline-run-*"))
+    assert len(runs) == 4, runs
+    configs = [OmegaConf.load(p) for p in (tmp_path / "multirun").rglob(".hydra/config.yaml")]
+    toggles = {(c.data.reset_position_ids, c.data.document_mask) for c in configs}
+    assert toggles == {(True, True), (True, False), (False, True), (False, False)}
+    assert {c.group for c in configs} == {"position_ablation"}
+    for run in runs:  # the resolved config went to W&B with the group
+        meta = (run / "files" / "config.yaml").read_text()
+        assert "position_ablation" in meta and "reset_position_ids" in meta
+
+
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("data.sequence_len=512", "data.sequence_len"),
+        ("model.attn_backend=flash", "model.attn_backend"),
+        ("trainer.devices=64", "trainer.devices"),
+        ("model.attn_backend=flex data.seq_len=1000", "data.seq_len"),
+        ("data.seq_len=262144", "data.seq_len"),
+    ],
+)
+def test_bad_config_stops_before_training(override, names, tmp_path):
+    proc = run_train([*FAST, *override.split(), "run_name=bad"], tmp_path, check=False)
+    assert proc.returncode != 0
+    assert names in proc.stderr + proc.stdout
+    assert not (tmp_path / "outputs" / "train" / "bad" / "checkpoints").exists()
+
+
+def test_8b_refuses_without_memory_and_dry_run_works(tmp_path):
+    proc = run_train(
+        ["model=llama3_8b", "data.reset_position_ids=false", *FAST], tmp_path, check=False
+    )
+    assert proc.returncode != 0
+    assert "8,030,261,248 parameters" in proc.stderr and "GiB" in proc.stderr
+    dry = run_train(["model=llama3_8b", "dry_run=true", *FAST], tmp_path)
+    assert "8,030,261,248 parameters" in dry.stdout
+    job = run_train(["model=llama3_8b", "--cfg", "job"], tmp_path)
+    assert "llama3_8b" in job.stdout
