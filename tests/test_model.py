@@ -391,3 +391,21 @@ def test_gpu_flash_refuses_fp32():
     model = make_model(attn_backend="flash").cuda()
     with pytest.raises(ValueError, match="flash.*float32"):
         model(make_batch(reset=True).to("cuda"))
+
+
+def test_autocast_keeps_attention_inputs_in_low_precision(monkeypatch):
+    import longctx.model.llama as llama_module
+
+    seen, original = [], llama_module.attention
+
+    def recording_attention(q, k, v, meta):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return original(q, k, v, meta)
+
+    monkeypatch.setattr(llama_module, "attention", recording_attention)
+    model = make_model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_sum, _ = model.loss(make_batch(reset=True))
+    loss_sum.backward()
+    assert seen == [(torch.bfloat16,) * 3] * SMALL["n_layers"]
+    assert loss_sum.dtype == torch.float32

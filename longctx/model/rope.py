@@ -51,5 +51,8 @@ def rope_cos_sin(
 def apply_rope(x_BLHD: Tensor, cos_BLF: Tensor, sin_BLF: Tensor) -> Tensor:
     """Rotate each (x_i, x_{i+D/2}) pair by its position's angle for frequency i."""
     x1, x2 = x_BLHD.chunk(2, dim=-1)
-    cos, sin = cos_BLF.unsqueeze(2), sin_BLF.unsqueeze(2)  # broadcast over heads
+    # in x's dtype: under autocast q/k are bf16 while cos/sin follow the fp32 residual stream,
+    # and promoting q/k to fp32 here would hand fp32 to attention kernels that refuse it
+    cos = cos_BLF.unsqueeze(2).to(x_BLHD.dtype)  # broadcast over heads
+    sin = sin_BLF.unsqueeze(2).to(x_BLHD.dtype)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
