@@ -90,11 +90,23 @@ def check_backend(model_config: LlamaConfig, seq_len: int, device: torch.device)
             f"data.seq_len={seq_len} must be a multiple of 128 for attn_backend=flex "
             "(FlexAttention's block size)"
         )
+    check_model_seq_len(model_config, seq_len)
     if seq_len > model_config.max_seq_len:
         raise ConfigError(
             f"data.seq_len={seq_len} exceeds the model's RoPE range "
             f"model.max_seq_len={model_config.max_seq_len}"
         )
+
+
+def check_model_seq_len(model_config, seq_len: int) -> None:
+    """A model spec's own sequence-length check (an HF model's sliding window, say)."""
+    check = getattr(model_config, "preflight", None)
+    if check is None:
+        return
+    try:
+        check(seq_len)
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from err
 
 
 def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:
@@ -143,9 +155,11 @@ def preflight(cfg: DictConfig, model_config: LlamaConfig, seq_len: int) -> torch
 
 # ---------------------------------------------------------------------- composition
 def dry_run_report(model_config: LlamaConfig, cfg: DictConfig) -> dict:
-    with torch.device("meta"):
-        model = Llama(model_config)
-    params = sum(p.numel() for p in model.parameters())
+    if isinstance(model_config, LlamaConfig):
+        with torch.device("meta"):
+            params = sum(p.numel() for p in Llama(model_config).parameters())
+    else:  # a model factory (model=hf) counts its parameters from its config
+        params = model_config.num_params()
     report = {
         "parameters": params,
         "training_memory_gib_per_device": training_memory_bytes(model_config, 1) / 2**30,

@@ -24,6 +24,27 @@ from longctx.model import Llama, LlamaConfig, estimate_flops
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
+# a LlamaConfig, or a factory for any nn.Module with loss(batch) and token_loss(batch)
+# (e.g. longctx.hf_adapter.HFModelSpec, which loads a Hugging Face causal LM)
+ModelSpec = LlamaConfig | Callable[[], nn.Module]
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """Llama(spec) for a LlamaConfig; otherwise call the factory and check the interface."""
+    if isinstance(spec, LlamaConfig):
+        return Llama(spec)
+    if not callable(spec):
+        raise TypeError(
+            f"model_config must be a LlamaConfig or a model factory; got {type(spec).__name__}"
+        )
+    model = spec()
+    missing = [m for m in ("loss", "token_loss") if not callable(getattr(model, m, None))]
+    if not isinstance(model, nn.Module) or missing:
+        raise TypeError(
+            f"the model factory {spec!r:.200} built a {type(model).__name__}; expected an "
+            f"nn.Module with loss(batch) and token_loss(batch) (missing: {missing})"
+        )
+    return model
 
 
 def warmup_cosine_schedule(
@@ -65,7 +86,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 class LongCtxModule(L.LightningModule):
     def __init__(
         self,
-        model_config: LlamaConfig,
+        model_config: ModelSpec,
         optimizer: OptimizerFactory,
         scheduler: SchedulerFactory | None = None,
         *,
@@ -82,7 +103,7 @@ class LongCtxModule(L.LightningModule):
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
         self.automatic_optimization = False
         self.model_config = model_config
-        self.model = Llama(model_config)
+        self.model = build_model(model_config)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.weight_decay, self.grad_clip = weight_decay, grad_clip
         self.accumulate_grad_batches = accumulate_grad_batches
@@ -135,10 +156,14 @@ class LongCtxModule(L.LightningModule):
         self._loss_sum += loss_sum.float()
         self._num_targets += num_tokens
         self._num_input_tokens += batch.tokens.numel()
-        self._flops += (
-            estimate_flops(self.model_config, batch.seq_lens) if self.peak_flops_per_device else 0.0
-        )
+        self._flops += self._estimate_flops(batch) if self.peak_flops_per_device else 0.0
         self._batch_stats.append(self._packing_stats(batch))
+
+    def _estimate_flops(self, batch: PackedBatch) -> float:
+        if isinstance(self.model_config, LlamaConfig):
+            return estimate_flops(self.model_config, batch.seq_lens)
+        estimate = getattr(self.model, "estimate_flops", None)  # factory-built models may lack it
+        return estimate(batch.seq_lens) if estimate is not None else float("nan")
 
     def _optimizer_step(self) -> None:
         opt, sched = self.optimizers(), self.lr_schedulers()

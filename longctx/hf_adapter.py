@@ -1,0 +1,399 @@
+"""Any Hugging Face causal LM, trained on PackedBatch with documents masked.
+
+transformers masks packed documents only when position ids reset (and only with its cache off);
+with continuous positions its own attention runs across document boundaries. Here the HF model's
+attention layers call a function registered with ``transformers.AttentionInterface`` as
+"longctx", which runs longctx's backends (per-document sdpa on CPU, flash varlen or flex on GPU)
+on the PackedBatch's AttentionMetadata, handed through the model's forward keyword arguments.
+Positions come from the batch (reset or continuous); the loss is longctx's chunked
+cross-entropy over the base model's hidden states, so full logits are never materialised.
+
+Refused, with an error naming the architecture: families whose layers are not all softmax
+attention (recurrent, linear-attention or convolution state would carry across documents),
+attention logit soft-capping, final-logit soft-capping, an lm head with a bias, and a sliding
+window shorter than a document (the longctx backends implement no window; a window at least as
+long as every document changes nothing, so it is checked per batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import cached_property
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longctx.batch import PackedBatch
+from longctx.model.attention import (
+    ATTENTION_BACKENDS,
+    AttentionMetadata,
+    attention,
+    build_attention_metadata,
+    resolve_backend,
+)
+from longctx.model.loss import chunked_token_loss
+
+ATTN_IMPLEMENTATION = "longctx"
+# model_type values whose layers keep a recurrent / linear-attention / convolution state that
+# would flow from one packed document into the next (checked before any weight is read)
+STATEFUL_MODEL_TYPES = frozenset(
+    {
+        "mamba", "mamba2", "falcon_mamba", "jamba", "rwkv", "xlstm", "qwen3_next", "qwen3_5",
+        "qwen3_5_moe", "recurrent_gemma", "zamba", "zamba2", "bamba", "granitemoehybrid",
+        "lfm2", "lfm2_moe", "lfm2_vl", "falcon_h1", "nemotron_h", "minimax", "olmo_hybrid",
+        "kimi_linear", "plamo2",
+    }
+)  # fmt: skip
+SOFTMAX_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class UnsupportedModelError(ValueError):
+    """An HF model longctx cannot train on packed documents without leaking across them."""
+
+
+# ------------------------------------------------------------------------ support checks
+def _describe(config) -> str:
+    arch = ", ".join(getattr(config, "architectures", None) or []) or "?"
+    return f"{arch} (model_type={getattr(config, 'model_type', '?')!r})"
+
+
+def check_supported(config) -> None:
+    """Raise UnsupportedModelError unless every layer is softmax attention longctx can mask."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    name = _describe(config)
+    if {config.model_type, text.model_type} & STATEFUL_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"{name} has recurrent / linear-attention / convolution layers: their state would "
+            "carry from one packed document into the next; longctx trains only models whose "
+            "layers are all softmax attention"
+        )
+    other = set(getattr(text, "layer_types", None) or []) - SOFTMAX_LAYER_TYPES
+    if other:
+        raise UnsupportedModelError(
+            f"{name} has layer types {sorted(other)}; longctx trains only "
+            f"{sorted(SOFTMAX_LAYER_TYPES)} layers (anything else may leak state across documents)"
+        )
+    for attr in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(text, attr, None):
+            raise UnsupportedModelError(
+                f"{name} sets {attr}={getattr(text, attr)}; longctx's attention backends and "
+                "chunked loss do not implement soft-capping"
+            )
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(f"{name} is an encoder-decoder; expected a causal LM")
+
+
+def sliding_window_of(config) -> int | None:
+    """The attention window of the model's sliding layers, or None when no layer slides."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None  # e.g. Qwen2 keeps sliding_window set but every layer is full attention
+    if getattr(text, "use_sliding_window", True) is False:
+        return None
+    return window
+
+
+def check_window(config, seq_len: int) -> None:
+    """A sliding window shorter than a possible document would need a windowed backend."""
+    window = sliding_window_of(config)
+    if window is not None and seq_len > window:
+        raise UnsupportedModelError(
+            f"{_describe(config)} uses sliding-window attention (window {window}) and data.seq_len="
+            f"{seq_len} allows longer documents; longctx's backends implement no window. Use "
+            f"seq_len <= {window}, or, if the checkpoint's window is unused, "
+            "model.config_overrides.sliding_window=null"
+        )
+
+
+# ------------------------------------------------------------------------ attention function
+@dataclasses.dataclass
+class AttentionContext:
+    """What every attention layer gets for one forward: the metadata, and a call count that
+    proves the HF model's layers really dispatched to the longctx function."""
+
+    meta: AttentionMetadata
+    max_segment_len: int
+    calls: int = 0
+
+
+def longctx_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    longctx: AttentionContext | None = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """transformers attention function: query [B, H, L, D], key/value [B, Hkv, L, D] in;
+    output [B, L, H, D] and no weights out, documents masked by ``longctx.meta``."""
+    _check_call(module, attention_mask, dropout, sliding_window, softcap, longctx, kwargs)
+    q_BLHD = query.transpose(1, 2)
+    head_dim = q_BLHD.shape[-1]
+    if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-12):
+        # the backends scale by 1/sqrt(D); fold the model's own scale (Granite, Gemma) into q
+        q_BLHD = q_BLHD * (scaling * math.sqrt(head_dim))
+    out_BLHD = attention(q_BLHD, key.transpose(1, 2), value.transpose(1, 2), longctx.meta)
+    longctx.calls += 1
+    return out_BLHD, None
+
+
+def _check_call(module, attention_mask, dropout, sliding_window, softcap, ctx, kwargs) -> None:
+    if not isinstance(ctx, AttentionContext):
+        raise RuntimeError(
+            f"attn_implementation={ATTN_IMPLEMENTATION!r} was called without PackedBatch metadata "
+            "(the 'longctx' keyword argument); run the model through longctx.hf_adapter.HFCausalLM"
+        )
+    if attention_mask is not None:
+        raise ValueError("longctx attention takes no attention_mask: documents come from the batch")
+    if dropout:
+        raise ValueError(f"longctx attention implements no attention dropout; got {dropout}")
+    if softcap or kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} uses attention soft-capping, sinks or a position bias, "
+            "which longctx's backends do not implement"
+        )
+    if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
+        raise UnsupportedModelError(f"{type(module).__name__} is not causal attention")
+    if sliding_window is not None and ctx.max_segment_len > sliding_window:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} has a sliding window of {sliding_window} tokens but the "
+            f"batch has a document of {ctx.max_segment_len}; longctx's backends implement no window"
+        )
+
+
+def register_longctx_attention() -> None:
+    """Register "longctx" with transformers' AttentionInterface (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, longctx_attention)
+
+
+# ------------------------------------------------------------------------ the model wrapper
+class HFCausalLM(nn.Module):
+    """An HF causal LM over PackedBatch, with the interface of longctx's Llama:
+    forward(batch) -> logits, hidden_states, token_loss, loss -> (loss_sum, num_tokens)."""
+
+    def __init__(
+        self,
+        hf_model: nn.Module,
+        attn_backend: str = "auto",
+        loss_chunk_size: int = 4096,
+        activation_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        check_supported(hf_model.config)
+        if attn_backend not in ATTENTION_BACKENDS + ("auto",):
+            raise ValueError(f"attn_backend={attn_backend!r}; expected one of {ATTENTION_BACKENDS}")
+        if not isinstance(loss_chunk_size, int) or loss_chunk_size < 1:
+            raise ValueError(f"loss_chunk_size={loss_chunk_size!r}; expected a positive int")
+        head = hf_model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise UnsupportedModelError(f"{_describe(hf_model.config)} has an lm head with a bias")
+        register_longctx_attention()
+        hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        if activation_checkpointing:
+            hf_model.gradient_checkpointing_enable({"use_reentrant": False})
+        self.hf_model = hf_model
+        self.attn_backend, self.loss_chunk_size = attn_backend, loss_chunk_size
+        self.config = hf_model.config
+
+    # ------------------------------------------------------------------ logits
+    @property
+    def output_weight(self) -> Tensor:
+        """[V, dim] lm head with the family's logit scale folded in (Granite, Cohere)."""
+        weight = self.hf_model.get_output_embeddings().weight
+        scale = logit_scale(self.config)
+        return weight if scale == 1.0 else weight * scale
+
+    def hidden_states(self, batch: PackedBatch) -> Tensor:
+        """Final-normed hidden states [B, L, dim] of the HF base model."""
+        self._check_batch(batch)
+        device = batch.tokens.device
+        meta = build_attention_metadata(batch, resolve_backend(self.attn_backend, device))
+        ctx = AttentionContext(meta, batch.max_seqlen)
+        out = self.hf_model.get_decoder()(
+            input_ids=batch.tokens, position_ids=batch.position_ids, use_cache=False, longctx=ctx
+        )
+        self._check_dispatch(ctx)
+        return out.last_hidden_state
+
+    def forward(self, batch: PackedBatch) -> Tensor:
+        """Logits [B, L, V] (full: for evaluation and tests at small L)."""
+        return F.linear(self.hidden_states(batch), self.output_weight)
+
+    def token_loss(self, batch: PackedBatch) -> Tensor:
+        """fp32 [B, L] cross-entropy per token, 0 where label == -100; chunked over tokens."""
+        h_ND = self.hidden_states(batch).flatten(0, 1)
+        losses_N = chunked_token_loss(
+            h_ND, self.output_weight, batch.labels.flatten(), self.loss_chunk_size
+        )
+        return losses_N.view(batch.shape)
+
+    def loss(self, batch: PackedBatch) -> tuple[Tensor, int]:
+        """(fp32 loss summed over target tokens, number of target tokens)."""
+        return self.token_loss(batch).sum(), batch.num_loss_tokens
+
+    def estimate_flops(self, seq_lens: Tensor) -> float:
+        """Forward + backward FLOPs: 6 x matmul parameters per token, attention within documents."""
+        return estimate_hf_flops(self.config, self.hf_model, seq_lens)
+
+    # ------------------------------------------------------------------ checks
+    def _check_dispatch(self, ctx: AttentionContext) -> None:
+        expected = self.config.get_text_config().num_hidden_layers
+        if ctx.calls != expected:
+            raise UnsupportedModelError(
+                f"{_describe(self.config)}: {ctx.calls} of {expected} layers ran the longctx "
+                "attention; the others ignore transformers' AttentionInterface and would attend "
+                "across documents"
+            )
+
+    def _check_batch(self, batch: PackedBatch) -> None:
+        device = self.hf_model.get_input_embeddings().weight.device
+        if batch.tokens.device != device:
+            raise ValueError(
+                f"batch is on {batch.tokens.device} but the model is on {device}; "
+                "move it with batch.to(device)"
+            )
+        vocab = self.hf_model.get_input_embeddings().num_embeddings
+        bounds = torch.stack([batch.tokens.min(), batch.tokens.max(), batch.position_ids.min()])
+        tok_min, tok_max, pos_min = bounds.tolist()  # one device sync
+        if tok_min < 0 or tok_max >= vocab:
+            raise ValueError(f"token ids span [{tok_min}, {tok_max}]; the model's vocab is {vocab}")
+        if pos_min < 0:
+            raise ValueError(f"position ids must be >= 0; got a minimum of {pos_min}")
+
+
+def logit_scale(config) -> float:
+    """Factor the family applies to lm-head outputs: Granite divides, Cohere multiplies."""
+    text = config.get_text_config()
+    scale = 1.0 / getattr(text, "logits_scaling", 1.0)
+    return scale * getattr(text, "logit_scale", 1.0)
+
+
+def estimate_hf_flops(config, hf_model: nn.Module, seq_lens: Tensor) -> float:
+    text = config.get_text_config()
+    lens = seq_lens.double()
+    params = sum(p.numel() for p in hf_model.parameters())
+    embed = hf_model.get_input_embeddings().weight.numel()
+    tied = hf_model.get_output_embeddings().weight is hf_model.get_input_embeddings().weight
+    matmul = params - embed + (embed if tied else 0)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    pairs = float((lens**2).sum()) / 2
+    attn = 3.0 * pairs * 4 * head_dim * text.num_attention_heads * text.num_hidden_layers
+    return 6.0 * matmul * float(lens.sum()) + attn
+
+
+# ------------------------------------------------------------------------ loading
+def load_hf_config(path: str | Path, **config_overrides):
+    """AutoConfig of a local checkpoint folder; refuses families longctx cannot mask."""
+    from transformers import AutoConfig
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model.path={str(path)!r} is not a folder with a config.json")
+    config = AutoConfig.from_pretrained(folder, local_files_only=True, **config_overrides)
+    check_supported(config)
+    return config
+
+
+def load_hf_causal_lm(
+    path: str | Path,
+    attn_backend: str = "auto",
+    loss_chunk_size: int = 4096,
+    activation_checkpointing: bool = False,
+    dtype: str = "float32",
+    config_overrides: dict | None = None,
+) -> HFCausalLM:
+    """Load AutoModelForCausalLM from a local folder (no downloads) wrapped as HFCausalLM."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r}; expected one of {sorted(_DTYPES)}")
+    config = load_hf_config(path, **(config_overrides or {}))
+    register_longctx_attention()
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        path,
+        config=config,
+        local_files_only=True,
+        attn_implementation=ATTN_IMPLEMENTATION,
+        dtype=_DTYPES[dtype],
+    )
+    return HFCausalLM(hf_model, attn_backend, loss_chunk_size, activation_checkpointing)
+
+
+@dataclasses.dataclass
+class HFModelSpec:
+    """The Hydra ``model=hf`` node: reads only config.json until called, so preflight is cheap.
+
+    It answers what the app's preflight asks of a LlamaConfig (attn_backend, max_seq_len,
+    vocab_size, num_params) and, called, builds the HFCausalLM (LongCtxModule's factory).
+    """
+
+    path: str
+    attn_backend: str = "auto"
+    loss_chunk_size: int = 4096
+    activation_checkpointing: bool = False
+    dtype: str = "float32"
+    config_overrides: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.attn_backend not in ATTENTION_BACKENDS + ("auto",):
+            raise ValueError(
+                f"attn_backend={self.attn_backend!r}; expected one of {ATTENTION_BACKENDS}"
+            )
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}; expected one of {sorted(_DTYPES)}")
+        self.config_overrides = dict(self.config_overrides or {})
+        _ = self.hf_config  # fail now on a missing folder or a refused family
+
+    @cached_property
+    def hf_config(self):
+        return load_hf_config(self.path, **self.config_overrides)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.get_text_config().vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        text = self.hf_config.get_text_config()
+        return getattr(text, "max_position_embeddings", None) or 2**31 - 1
+
+    def num_params(self) -> int:
+        """Parameter count from the config alone: the model built on the meta device."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.hf_config)
+        return sum(p.numel() for p in model.parameters())
+
+    def preflight(self, seq_len: int) -> None:
+        """Refuse a seq_len the model cannot mask correctly or was not configured for."""
+        check_window(self.hf_config, seq_len)
+        if seq_len > self.max_seq_len:
+            raise ValueError(
+                f"data.seq_len={seq_len} exceeds max_position_embeddings={self.max_seq_len} of "
+                f"{_describe(self.hf_config)}; raise it (and the RoPE settings) with "
+                "model.config_overrides if the model is meant to train longer"
+            )
+
+    def __call__(self) -> HFCausalLM:
+        return load_hf_causal_lm(
+            self.path,
+            self.attn_backend,
+            self.loss_chunk_size,
+            self.activation_checkpointing,
+            self.dtype,
+            self.config_overrides,
+        )
