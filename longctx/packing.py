@@ -162,17 +162,16 @@ class _BestFitPlanner:
             self._plan(final=True)
 
     def _plan(self, final: bool) -> None:
-        rows = best_fit_rows(self.buffer, self.seq_len, open_rows=self.carried)
-        limit = CARRY_PAD_FRACTION * self.seq_len
-        carry = [
-            not final and r >= len(self.carried) and _free_of(row, self.seq_len) > limit
-            for r, row in enumerate(rows)
-        ]
-        emitted = [
-            _with_pad(row, self.seq_len) for row, c in zip(rows, carry, strict=True) if not c
-        ]
-        self.carried = [row for row, c in zip(rows, carry, strict=True) if c]
-        self.buffer = []
+        rows, free = best_fit_rows(self.buffer, self.seq_len, open_rows=self.carried)
+        limit = 0 if final else CARRY_PAD_FRACTION * self.seq_len
+        first_new = len(self.carried)  # rows carried once are emitted however full they are
+        carried, emitted = [], []
+        for r, (row, row_free) in enumerate(zip(rows, free, strict=True)):
+            if r >= first_new and row_free > limit and not final:
+                carried.append(row)
+            else:
+                emitted.append((*row, (PAD_DOC, 0, row_free)) if row_free else tuple(row))
+        self.carried, self.buffer = carried, []
         rng = np.random.default_rng((self.seed, self.buffers_planned))
         self.ready.extend(emitted[i] for i in rng.permutation(len(emitted)))
         self.buffers_planned += 1
@@ -199,45 +198,58 @@ def _free_of(row: Sequence[Piece], seq_len: int) -> int:
     return seq_len - sum(length for _, _, length in row)
 
 
-def _with_pad(row: list[Piece], seq_len: int) -> tuple[Piece, ...]:
-    free = _free_of(row, seq_len)
-    return (*row, (PAD_DOC, 0, free)) if free else tuple(row)
-
-
 def best_fit_rows(
     pieces: Sequence[Piece], seq_len: int, open_rows: Sequence[list[Piece]] = ()
-) -> list[list[Piece]]:
-    """Best-fit-decreasing plan of one buffer: rows (lists of pieces, no pad) in creation order.
+) -> tuple[list[list[Piece]], list[int]]:
+    """Best-fit-decreasing plan of one buffer: rows (lists of pieces, no pad) in creation order,
+    and each row's free capacity.
 
     ``open_rows`` are partially filled rows to fill first; they come back first, extended.
     """
     rows = [list(row) for row in open_rows]
-    free = [_free_of(row, seq_len) for row in rows]  # remaining capacity per row
-    open_keys = sorted(f << _ROW_BITS | r for r, f in enumerate(free) if f)
-    remainders: list[tuple[int, int, int]] = []  # (length, doc, start)
-    for doc, start, length in pieces:
+    free = [_free_of(row, seq_len) for row in rows]
+    remainders: list[Piece] = []  # what is left to fit: pieces shorter than L
+    for piece in pieces:
+        doc, start, length = piece
+        if length < seq_len:
+            remainders.append(piece)
+            continue
         full, rest = divmod(length, seq_len)
         for j in range(full):
             rows.append([(doc, start + j * seq_len, seq_len)])
             free.append(0)
         if rest:
-            remainders.append((rest, doc, start + full * seq_len))
-    remainders.sort(key=itemgetter(0), reverse=True)  # stable: ties keep stream order
-    # keys pack (capacity, row) into one int, so one bisect finds the tightest fitting row
-    for length, doc, start in remainders:
-        i = bisect_left(open_keys, length << _ROW_BITS)
-        if i == len(open_keys):  # nothing fits: open a new row
-            row, capacity = len(rows), seq_len
-            rows.append([])
+            remainders.append((doc, start + full * seq_len, rest))
+    remainders.sort(key=itemgetter(2), reverse=True)  # stable: ties keep stream order
+    _fit_decreasing(remainders, rows, free, seq_len)
+    return rows, free
+
+
+def _fit_decreasing(
+    remainders: list[Piece], rows: list[list[Piece]], free: list[int], seq_len: int
+) -> None:
+    """Put each piece into the open row with the least free capacity that still fits.
+
+    Keys pack (capacity, row) into one int, so one bisect over the sorted keys finds the
+    tightest fitting row (O(log n) search; list insert/pop are memmoves of a few hundred keys).
+    The hot loop of best_fit planning, so its lookups are local names.
+    """
+    open_keys = sorted(f << _ROW_BITS | r for r, f in enumerate(free) if f)
+    search, insert, take = bisect_left, insort, open_keys.pop
+    for piece in remainders:
+        length = piece[2]
+        i = search(open_keys, length << _ROW_BITS)
+        if i < len(open_keys):
+            key = take(i)
+            row, left = key & _ROW_MASK, (key >> _ROW_BITS) - length
+            rows[row].append(piece)
+        else:  # nothing fits: open a new row
+            row, left = len(rows), seq_len - length
+            rows.append([piece])
             free.append(0)
-        else:
-            key = open_keys.pop(i)
-            row, capacity = key & _ROW_MASK, key >> _ROW_BITS
-        rows[row].append((doc, start, length))
-        free[row] = capacity - length
-        if free[row]:
-            insort(open_keys, free[row] << _ROW_BITS | row)
-    return rows
+        free[row] = left
+        if left:
+            insert(open_keys, left << _ROW_BITS | row)
 
 
 # --------------------------------------------------------------------------- assembly
