@@ -363,10 +363,12 @@ class _PlannedPacker:
                 del pieces_left[doc], documents[doc]
 
     # ------------------------------------------------------------------ state
+    def _config(self) -> dict:
+        return {"packer": self.name, "seq_len": self.seq_len, "pad_id": self.pad_id}
+
     def state_dict(self) -> dict:
         return {
-            "packer": self.name,
-            "seq_len": self.seq_len,
+            **self._config(),
             "documents_consumed": self._documents_consumed,
             **_documents_state(self._documents),
             "pieces_left": dict(self._planner.pieces_left),
@@ -376,7 +378,8 @@ class _PlannedPacker:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        for key, expected in (("packer", self.name), ("seq_len", self.seq_len)):
+        # Resuming under other settings would silently change the rows: refuse it.
+        for key, expected in self._config().items():
             if state.get(key) != expected:
                 raise ValueError(
                     f"state has {key}={state.get(key)!r}, this packer has {key}={expected!r}"
@@ -436,6 +439,9 @@ class BestFitPacker(_PlannedPacker):
         super().__init__(seq_len, _BestFitPlanner(seq_len, buffer_size, seed), pad_id)
         self.buffer_size = buffer_size
         self.seed = seed
+
+    def _config(self) -> dict:
+        return {**super()._config(), "buffer_size": self.buffer_size, "seed": self.seed}
 
 
 def make_packer(

@@ -225,6 +225,15 @@ def test_resume_state_of_another_packer_is_refused():
         BestFitPacker(8).load_state_dict(state)
     with pytest.raises(ValueError, match="seq_len=8"):
         ConcatChunkPacker(16).load_state_dict(state)
+    with pytest.raises(ValueError, match="state has pad_id=0, this packer has pad_id=5"):
+        ConcatChunkPacker(8, pad_id=5).load_state_dict(state)
+    best_fit_state = BestFitPacker(8, buffer_size=10, seed=1).state_dict()
+    with pytest.raises(
+        ValueError, match="state has buffer_size=10, this packer has buffer_size=20"
+    ):
+        BestFitPacker(8, buffer_size=20, seed=1).load_state_dict(best_fit_state)
+    with pytest.raises(ValueError, match="state has seed=1, this packer has seed=2"):
+        BestFitPacker(8, buffer_size=10, seed=2).load_state_dict(best_fit_state)
 
 
 def test_state_counts_documents_pulled_and_frees_finished_ones():
