@@ -1,5 +1,14 @@
 """Evaluation: loss by position, long-range probes."""
 
 from longctx.eval.position_loss import PositionLoss, bucket_of, bucket_starts
+from longctx.eval.probes import PasskeyProbe, accuracy_table, make_probes, score_probes
 
-__all__ = ["PositionLoss", "bucket_of", "bucket_starts"]
+__all__ = [
+    "PasskeyProbe",
+    "PositionLoss",
+    "accuracy_table",
+    "bucket_of",
+    "bucket_starts",
+    "make_probes",
+    "score_probes",
+]

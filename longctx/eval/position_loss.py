@@ -89,3 +89,21 @@ class PositionLoss:
                 if count > 0:
                     out[f"{prefix}/loss_by_{kind}/{start}"] = float(total / count)
         return out
+
+    def records(self) -> list[dict]:
+        """Tidy rows: kind ("absolute" | "in_document"), bucket start and end, loss, tokens."""
+        ends = self.starts[1:] + [None]
+        rows = []
+        for kind, means in self.bucket_means().items():
+            counts = self.counts[0 if kind == "absolute" else 1].tolist()
+            for start, end, loss, count in zip(self.starts, ends, means, counts, strict=True):
+                rows.append(
+                    {
+                        "kind": kind,
+                        "bucket_start": start,
+                        "bucket_end": end,
+                        "loss": loss,
+                        "tokens": int(count),
+                    }
+                )
+        return rows

@@ -1,0 +1,448 @@
+"""Reading the position ablation: load runs (W&B, offline W&B folders, CSV logs), tidy frames, plots.
+
+Every loader returns one tidy frame with the columns of :data:`COLUMNS`: one row per
+(run, step, metric) with the run's W&B group and its variant — the ablation toggles
+``reset_position_ids`` and ``document_mask`` and a readable label. Plots are matplotlib figures
+(Agg backend), saved as PNG, so they read the same with or without a notebook.
+
+    python -m longctx.analysis LOCAL_FOLDER --out docs/ablation.png
+    python -m longctx.analysis --wandb ENTITY/PROJECT --group position_ablation --out ablation.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+COLUMNS = [
+    "run", "group", "variant", "reset_position_ids", "document_mask", "step", "metric", "value",
+]  # fmt: skip
+POSITION_METRIC = re.compile(r"^(?P<split>\w+)/loss_by_(?P<kind>abs|doc)_pos/(?P<start>\d+)$")
+KIND_NAMES = {"abs": "absolute position in row", "doc": "position inside document"}
+VARIANT_ORDER = [(True, True), (False, True), (True, False), (False, False)]
+VARIANT_COLORS = dict(zip(VARIANT_ORDER, ["C0", "C1", "C2", "C3"], strict=True))
+
+
+def variant_label(reset_position_ids: bool, document_mask: bool) -> str:
+    positions = "reset pos" if reset_position_ids else "continuous pos"
+    return f"{positions} + {'doc mask' if document_mask else 'no mask'}"
+
+
+# ----------------------------------------------------------------------------- tidy frames
+def tidy_frame(
+    rows: Iterable[tuple[int, str, float]], run: str, group: str | None, toggles: dict
+) -> pd.DataFrame:
+    """(step, metric, value) rows of one run -> the tidy frame (non-finite values dropped)."""
+    reset, mask = _toggle(toggles, "reset_position_ids"), _toggle(toggles, "document_mask")
+    frame = pd.DataFrame(list(rows), columns=["step", "metric", "value"])
+    frame = frame[np.isfinite(frame["value"].astype(float))]
+    frame = frame.assign(
+        run=run,
+        group=group,
+        variant=variant_label(reset, mask),
+        reset_position_ids=reset,
+        document_mask=mask,
+        step=frame["step"].astype(int),
+        value=frame["value"].astype(float),
+    )
+    return frame[COLUMNS].reset_index(drop=True)
+
+
+def _toggle(toggles: dict, name: str) -> bool:
+    value = toggles.get(name)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"run config has {name}={value!r}; expected a bool (data.{name} of the ablation)"
+        )
+    return value
+
+
+def concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    if not frames:
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat(frames, ignore_index=True)
+
+
+# ------------------------------------------------------------------------ local run folders
+def find_runs(root: str | Path) -> list[Path]:
+    """Run folders under root: every folder holding a .hydra/config.yaml, sorted."""
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"no such folder: {root}")
+    return sorted(p.parent.parent for p in root.rglob(".hydra/config.yaml"))
+
+
+def run_config(run_dir: Path) -> dict:
+    """The saved Hydra config of a run folder, as a plain dict (interpolations left unresolved)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
+
+
+def load_local(root: str | Path, source: str = "auto") -> pd.DataFrame:
+    """All runs under root. source: "wandb" (offline-run files), "csv", or "auto" (W&B when a
+    run has an offline-run file, else its CSV log)."""
+    if source not in ("auto", "wandb", "csv"):
+        raise ValueError(f"source={source!r}; expected 'auto', 'wandb' or 'csv'")
+    runs = find_runs(root)
+    if not runs:
+        raise FileNotFoundError(f"no run folders (.hydra/config.yaml) under {root}")
+    return concat([load_run_dir(r, source, Path(root)) for r in runs])
+
+
+def load_run_dir(run_dir: Path, source: str = "auto", root: Path | None = None) -> pd.DataFrame:
+    cfg = run_config(run_dir)
+    name = str(run_dir.relative_to(root)) if root else run_dir.name
+    wandb_files = sorted(run_dir.glob("wandb/*run-*/run-*.wandb"))
+    csv_file = run_dir / "csv" / "metrics.csv"
+    if source in ("auto", "wandb") and wandb_files:
+        rows = [r for f in wandb_files for r in wandb_file_history(f)]
+    elif source in ("auto", "csv") and csv_file.is_file():
+        rows = csv_rows(csv_file)
+    else:
+        want = {"auto": "a W&B offline run or csv/metrics.csv", "wandb": "a W&B offline run",
+                "csv": "csv/metrics.csv"}[source]  # fmt: skip
+        raise FileNotFoundError(f"run {run_dir} has no metrics: expected {want}")
+    return tidy_frame(rows, name, cfg.get("group"), cfg.get("data", {}))
+
+
+def csv_rows(path: Path) -> list[tuple[int, str, float]]:
+    """Lightning CSVLogger metrics.csv -> (step, metric, value) rows."""
+    wide = pd.read_csv(path)
+    if "step" not in wide.columns:
+        raise ValueError(f"{path} has no 'step' column; expected a Lightning CSVLogger file")
+    long = wide.drop(columns=[c for c in ("epoch",) if c in wide]).melt(
+        id_vars="step", var_name="metric", value_name="value"
+    )
+    long = long.dropna(subset=["value"])
+    return list(long[["step", "metric", "value"]].itertuples(index=False, name=None))
+
+
+# ----------------------------------------------------------- W&B offline run (.wandb) files
+_WANDB_HEADER = struct.Struct("<4sHB")  # ident ":W&B", magic 0xBEE1, version
+_RECORD_HEADER = struct.Struct("<IHB")  # crc32c, length, type
+_BLOCK = 32 * 1024
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def wandb_file_records(path: Path) -> Iterator[bytes]:
+    """The raw protobuf records of a .wandb file (a LevelDB-style log of 32 KiB blocks)."""
+    data = Path(path).read_bytes()
+    ident, magic, _ = _WANDB_HEADER.unpack_from(data, 0)
+    if ident != b":W&B" or magic != 0xBEE1:
+        raise ValueError(f"{path} is not a W&B run file (header {data[:7]!r})")
+    pos, pending = _WANDB_HEADER.size, b""
+    while True:
+        if _BLOCK - pos % _BLOCK < _RECORD_HEADER.size:
+            pos += _BLOCK - pos % _BLOCK  # a block tail too short for a header is padding
+        if pos + _RECORD_HEADER.size > len(data):
+            return
+        _, length, kind = _RECORD_HEADER.unpack_from(data, pos)
+        if kind == 0:  # zero fill: the end of what was written
+            return
+        chunk = data[pos + _RECORD_HEADER.size : pos + _RECORD_HEADER.size + length]
+        pos += _RECORD_HEADER.size + length
+        if kind == _FULL:
+            yield chunk
+        elif kind == _FIRST:
+            pending = chunk
+        elif kind == _MIDDLE:
+            pending += chunk
+        elif kind == _LAST:
+            yield pending + chunk
+            pending = b""
+
+
+def wandb_file_history(path: Path) -> list[tuple[int, str, float]]:
+    """(step, metric, value) rows of a .wandb file's numeric history.
+
+    The step is Lightning's ``trainer/global_step`` when logged, else W&B's ``_step``.
+    """
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rows = []
+    for raw in wandb_file_records(path):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            rows.extend(_history_rows(record.history.item))
+    return rows
+
+
+def _history_rows(items) -> list[tuple[int, str, float]]:
+    values = {}
+    for item in items:
+        key = item.key or "/".join(item.nested_key)
+        value = _item_value(item)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue  # tables, plots, media
+        values[key] = value
+    step = values.pop("trainer/global_step", values.get("_step"))
+    if step is None:
+        return []
+    return [(int(step), k, float(v)) for k, v in values.items() if not k.startswith("_")]
+
+
+def _item_value(item):
+    if item.value_json:
+        try:
+            return json.loads(item.value_json)
+        except json.JSONDecodeError:
+            return None
+    for field in ("number", "integer"):
+        if item.HasField(field) if field in _oneof_fields(item) else False:
+            return getattr(item, field)
+    return None
+
+
+def _oneof_fields(item) -> set[str]:
+    return {f.name for f in item.DESCRIPTOR.fields if f.containing_oneof is not None}
+
+
+def wandb_file_config(path: Path) -> dict:
+    """The run config (top-level keys -> decoded values) recorded in a .wandb file."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    config = {}
+    for raw in wandb_file_records(path):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        kind = record.WhichOneof("record_type")
+        updates = record.run.config.update if kind == "run" else None
+        updates = record.config.update if kind == "config" else updates
+        for item in updates or []:
+            key = item.key or "/".join(item.nested_key)
+            config[key] = json.loads(item.value_json)
+    return config
+
+
+# ------------------------------------------------------------------------ W&B public API
+def load_wandb(path: str, group: str, api=None) -> pd.DataFrame:
+    """Runs of a W&B project ("entity/project") in one group, via the public API (network)."""
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    runs = list(api.runs(path, filters={"group": group}))
+    if not runs:
+        raise LookupError(f"W&B project {path} has no runs in group {group!r}")
+    return concat([frame_from_api_run(r) for r in runs])
+
+
+def frame_from_api_run(run) -> pd.DataFrame:
+    """A tidy frame from a wandb.apis.public.Run (id, name, group, config, scan_history())."""
+    rows = []
+    for entry in run.scan_history():
+        rows.extend(_history_rows_from_dict(entry))
+    toggles = dict(run.config.get("data") or {})
+    name = run.name or run.id
+    return tidy_frame(rows, name, run.group, toggles)
+
+
+def _history_rows_from_dict(entry: dict) -> list[tuple[int, str, float]]:
+    step = entry.get("trainer/global_step", entry.get("_step"))
+    if step is None or (isinstance(step, float) and math.isnan(step)):
+        return []
+    return [
+        (int(step), k, float(v))
+        for k, v in entry.items()
+        if not k.startswith("_") and k != "trainer/global_step"
+        and isinstance(v, int | float) and not isinstance(v, bool) and v is not None
+    ]  # fmt: skip
+
+
+# ----------------------------------------------------------------------- derived frames
+def position_frame(frame: pd.DataFrame, step: int | None = None) -> pd.DataFrame:
+    """Per-position loss rows (run, variant, step, split, kind, bucket_start, loss) at each run's
+    last validation step (or the given step)."""
+    parts = frame["metric"].str.extract(POSITION_METRIC)
+    rows = frame.join(parts).dropna(subset=["kind"])
+    if rows.empty:
+        return pd.DataFrame(
+            columns=["run", "variant", "step", "split", "kind", "bucket_start", "loss"]
+        )
+    if step is None:
+        last = rows.groupby("run")["step"].transform("max")
+        rows = rows[rows["step"] == last]
+    else:
+        rows = rows[rows["step"] == step]
+    rows = rows.assign(bucket_start=rows["start"].astype(int), loss=rows["value"])
+    columns = ["run", "variant", "reset_position_ids", "document_mask", "step", "split", "kind"]
+    return rows[columns + ["bucket_start", "loss"]].sort_values(["run", "kind", "bucket_start"])
+
+
+def load_probes(root: str | Path) -> pd.DataFrame:
+    """Passkey accuracy tables (eval/passkey_accuracy.csv) of every run under root."""
+    frames = []
+    for run_dir in find_runs(root):
+        path = run_dir / "eval" / "passkey_accuracy.csv"
+        if path.is_file():
+            data = run_config(run_dir).get("data", {})
+            reset, mask = _toggle(data, "reset_position_ids"), _toggle(data, "document_mask")
+            frames.append(
+                pd.read_csv(path).assign(
+                    run=str(run_dir.relative_to(root)),
+                    variant=variant_label(reset, mask),
+                    reset_position_ids=reset,
+                    document_mask=mask,
+                )
+            )
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def ema(values: Sequence[float], smoothing: float) -> np.ndarray:
+    """Debiased exponential moving average (W&B / TensorBoard style); smoothing in [0, 1)."""
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing={smoothing}; expected 0 <= smoothing < 1")
+    out, acc, weight = [], 0.0, 0.0
+    for v in values:
+        acc = smoothing * acc + (1 - smoothing) * v
+        weight = smoothing * weight + (1 - smoothing)
+        out.append(acc / weight)
+    return np.asarray(out)
+
+
+# --------------------------------------------------------------------------------- plots
+def _variants(frame: pd.DataFrame) -> list[tuple[bool, bool]]:
+    present = set(zip(frame["reset_position_ids"], frame["document_mask"], strict=True))
+    return [v for v in VARIANT_ORDER if v in present]
+
+
+def plot_training_curves(
+    frame: pd.DataFrame, metric: str = "train/loss", smoothing: float = 0.9, ax=None
+):
+    """The metric per variant: EMA-smoothed line over the raw values in a light colour."""
+    fig, ax = _axes(ax)
+    data = frame[frame["metric"] == metric]
+    if data.empty:
+        raise ValueError(f"no rows for metric {metric!r}; metrics: {sorted(frame.metric.unique())}")
+    for reset, mask in _variants(data):
+        sub = data[(data.reset_position_ids == reset) & (data.document_mask == mask)]
+        for _, run in sub.groupby("run"):
+            run = run.sort_values("step")
+            color = VARIANT_COLORS[(reset, mask)]
+            ax.plot(run["step"], run["value"], color=color, alpha=0.25, linewidth=0.8)
+            ax.plot(run["step"], ema(run["value"].to_numpy(), smoothing), color=color,
+                    label=variant_label(reset, mask))  # fmt: skip
+    ax.set(xlabel="step", ylabel=metric, title=f"{metric} (EMA {smoothing})")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def plot_position_loss(frame: pd.DataFrame, kind: str = "doc", step: int | None = None, ax=None):
+    """Validation loss by log2 position bucket per variant (kind "abs" or "doc")."""
+    if kind not in KIND_NAMES:
+        raise ValueError(f"kind={kind!r}; expected one of {sorted(KIND_NAMES)}")
+    fig, ax = _axes(ax)
+    data = position_frame(frame, step)
+    data = data[data["kind"] == kind]
+    if data.empty:
+        raise ValueError("no per-position loss metrics (val/loss_by_*_pos/*) in the frame")
+    for reset, mask in _variants(data):
+        sub = data[(data.reset_position_ids == reset) & (data.document_mask == mask)]
+        for _, run in sub.groupby("run"):
+            run = run.sort_values("bucket_start")
+            x = run["bucket_start"].clip(lower=0.5)  # bucket 0 drawn at 0.5 on the log axis
+            ax.plot(x, run["loss"], marker="o", markersize=3,
+                    color=VARIANT_COLORS[(reset, mask)], label=variant_label(reset, mask))  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel=f"{KIND_NAMES[kind]} (bucket start)", ylabel="val loss",
+           title=f"val loss by {KIND_NAMES[kind]}")  # fmt: skip
+    ax.legend(fontsize="small")
+    return fig
+
+
+def plot_retrieval_heatmaps(probes: pd.DataFrame, value: str = "accuracy"):
+    """One needle heat map (depth x context length) per variant."""
+    if probes.empty:
+        raise ValueError("no passkey probe results (eval/passkey_accuracy.csv) to plot")
+    variants = _variants(probes)
+    fig, axes = plt.subplots(1, len(variants), figsize=(4 * len(variants), 3.4), squeeze=False)
+    for ax, (reset, mask) in zip(axes[0], variants, strict=True):
+        sub = probes[(probes.reset_position_ids == reset) & (probes.document_mask == mask)]
+        grid = sub.pivot_table(index="depth", columns="length", values=value, aggfunc="mean")
+        image = ax.imshow(grid.to_numpy(), vmin=0, vmax=1, cmap="RdYlGn", aspect="auto",
+                          origin="lower")  # fmt: skip
+        ax.set_xticks(range(len(grid.columns)), [str(c) for c in grid.columns])
+        ax.set_yticks(range(len(grid.index)), [f"{d:.2f}" for d in grid.index])
+        ax.set(xlabel="context length", ylabel="needle depth", title=variant_label(reset, mask))
+    fig.colorbar(image, ax=axes[0].tolist(), label=f"passkey {value}")
+    return fig
+
+
+def ablation_figure(frame: pd.DataFrame, title: str | None = None, smoothing: float = 0.9):
+    """Three panels: training loss, val loss by position in document, by position in row."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    plot_training_curves(frame, smoothing=smoothing, ax=axes[0])
+    plot_position_loss(frame, "doc", ax=axes[1])
+    plot_position_loss(frame, "abs", ax=axes[2])
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _axes(ax):
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        return fig, ax
+    return ax.figure, ax
+
+
+# ----------------------------------------------------------------------------------- CLI
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m longctx.analysis", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("folder", nargs="?", type=Path, help="local folder holding run folders")
+    p.add_argument("--wandb", default=None, help="W&B ENTITY/PROJECT (instead of a folder)")
+    p.add_argument("--group", default="position_ablation", help="W&B group (with --wandb)")
+    p.add_argument("--source", default="auto", choices=["auto", "wandb", "csv"])
+    p.add_argument("--out", type=Path, default=Path("docs/ablation.png"))
+    p.add_argument("--smoothing", type=float, default=0.9)
+    p.add_argument("--title", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    args = parse_args(argv)
+    if (args.folder is None) == (args.wandb is None):
+        raise SystemExit("give either a local FOLDER or --wandb ENTITY/PROJECT (not both)")
+    if args.wandb:
+        frame = load_wandb(args.wandb, args.group)
+    else:
+        frame = load_local(args.folder, args.source)
+    written = [save_figure(ablation_figure(frame, args.title, args.smoothing), args.out)]
+    probes = load_probes(args.folder) if args.folder else pd.DataFrame()
+    if not probes.empty:
+        heat = args.out.with_name(args.out.stem + "_passkey" + args.out.suffix)
+        written.append(save_figure(plot_retrieval_heatmaps(probes), heat))
+    for path in written:
+        print(f"wrote {path}")
+    return written
+
+
+if __name__ == "__main__":
+    main()

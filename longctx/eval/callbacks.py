@@ -1,0 +1,139 @@
+"""Lightning callback: the per-position loss curve (and the passkey probe) into the run folder and W&B.
+
+The module's validation already logs every bucket as a scalar (``val/loss_by_abs_pos/<start>``);
+this callback adds what scalars cannot show: the whole curve at each validation, as
+``<out>/position_loss.csv`` (one row per step, kind and bucket, appended) and
+``<out>/position_loss_step<N>.json``, and, when a W&B logger is attached, a W&B table with a line
+plot per kind. At the end of fit it runs the passkey probe (``probe=True``) and writes
+``<out>/passkey_probes.csv`` / ``passkey_accuracy.csv`` (plus a W&B table). ``<out>`` defaults to
+``<trainer.default_root_dir>/eval``, the run folder's ``eval/``.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from longctx.eval.cli import write_json, write_rows
+from longctx.eval.probes import (
+    DEFAULT_DEPTHS,
+    accuracy_table,
+    default_lengths,
+    make_probes,
+    score_probes,
+)
+
+
+class PositionLossCurves(L.Callback):
+    def __init__(
+        self,
+        out_dir: str | None = None,
+        probe: bool = True,
+        probe_lengths: Sequence[int] | None = None,
+        probe_depths: Sequence[float] = DEFAULT_DEPTHS,
+        probe_samples: int = 2,
+        probe_batch_size: int = 4,
+        seed: int = 0,
+    ) -> None:
+        self.out_dir = out_dir
+        self.probe, self.probe_lengths = probe, probe_lengths
+        self.probe_depths, self.probe_samples = list(probe_depths), probe_samples
+        self.probe_batch_size, self.seed = probe_batch_size, seed
+
+    def _out(self, trainer: L.Trainer) -> Path:
+        return Path(self.out_dir or Path(trainer.default_root_dir) / "eval")
+
+    # ------------------------------------------------------------ per-position loss
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        acc = getattr(pl_module, "val_position_loss", None)
+        if trainer.sanity_checking or not trainer.is_global_zero or acc is None:
+            return
+        step = trainer.global_step
+        rows = [{"step": step, **r} for r in acc.records()]
+        out = self._out(trainer)
+        append_rows(rows, out / "position_loss.csv")
+        write_json(
+            {"step": step, "val_loss": acc.mean_loss(), "buckets": rows},
+            out / f"position_loss_step{step}.json",
+        )
+        self._log_wandb_curves(trainer, rows)
+
+    def _log_wandb_curves(self, trainer: L.Trainer, rows: list[dict]) -> None:
+        runs = wandb_runs(trainer)
+        if not runs:
+            return
+        import wandb
+
+        columns = ["step", "kind", "bucket_start", "loss", "tokens"]
+        payload = {}
+        for kind in ("absolute", "in_document"):
+            data = [[r[c] for c in columns] for r in rows if r["kind"] == kind and r["tokens"]]
+            table = wandb.Table(columns=columns, data=data)
+            payload[f"val/position_loss_{kind}"] = wandb.plot.line(
+                table, "bucket_start", "loss", title=f"val loss by {kind} position (log2 buckets)"
+            )
+        for run in runs:
+            run.log({**payload, "trainer/global_step": trainer.global_step})
+
+    # ---------------------------------------------------------------- passkey probe
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.probe or not trainer.is_global_zero or trainer.datamodule is None:
+            return
+        results = self.run_probe(trainer, pl_module)
+        table = accuracy_table(results)
+        out = self._out(trainer)
+        write_rows(results, out / "passkey_probes.csv")
+        write_rows(table, out / "passkey_accuracy.csv")
+        write_json({"step": trainer.global_step, "passkey": table}, out / "passkey.json")
+        self._log_wandb_probe(trainer, table)
+
+    def run_probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[dict]:
+        from longctx.data import load_tokenizer
+
+        dm = trainer.datamodule
+        tokenizer = load_tokenizer(dm.manifest.tokenizer)
+        lengths = self.probe_lengths or default_lengths(dm.config.seq_len)
+        probes = make_probes(tokenizer, lengths, self.probe_depths, self.probe_samples, self.seed)
+        model = pl_module.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return score_probes(model, probes, self.probe_batch_size, pl_module.device)
+        finally:
+            model.train(was_training)
+
+    def _log_wandb_probe(self, trainer: L.Trainer, table: list[dict]) -> None:
+        runs = wandb_runs(trainer)
+        if not runs:
+            return
+        import wandb
+
+        columns = list(table[0])
+        data = [[r[c] for c in columns] for r in table]
+        for run in runs:
+            run.log({"eval/passkey_accuracy": wandb.Table(columns=columns, data=data)})
+
+
+def wandb_runs(trainer: L.Trainer) -> list:
+    """The W&B run objects of the trainer's WandbLoggers (empty without one)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    return [lg.experiment for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+
+
+def append_rows(rows: Sequence[dict], path: Path) -> None:
+    """Append dict rows to a CSV, writing the header when the file is new."""
+    if not rows:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,189 @@
+"""python -m longctx.eval CHECKPOINT: per-position loss and the passkey probe of a trained run.
+
+The run's ``.hydra/config.yaml`` (next to ``checkpoints/``) rebuilds the model and data configs;
+the checkpoint's ``model.*`` weights are loaded; the fixed validation set gives the loss by
+position bucket; the passkey probe gives accuracy by context length and needle depth. Results go
+to ``--out`` (default ``<run>/eval``) as CSV and JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from longctx.eval.position_loss import PositionLoss
+from longctx.eval.probes import (
+    DEFAULT_DEPTHS,
+    accuracy_table,
+    default_lengths,
+    make_probes,
+    score_probes,
+)
+
+
+def find_run_config(checkpoint: Path) -> Path:
+    """The .hydra/config.yaml of the run a checkpoint belongs to (searched upwards)."""
+    for folder in checkpoint.resolve().parents:
+        candidate = folder / ".hydra" / "config.yaml"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"no .hydra/config.yaml above {checkpoint}; expected the checkpoint inside a run folder "
+        "(<run>/checkpoints/last.ckpt) written by train.py"
+    )
+
+
+def load_configs(
+    config_path: Path, seq_len: int | None, cache_dir: str | None, backend: str | None
+):
+    """(LlamaConfig, DataConfig) from a run's saved Hydra config, with CLI overrides."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(config_path)
+    if cache_dir is not None:
+        cfg.data.cache_dir = cache_dir
+    elif not _resolvable(cfg, "data.cache_dir"):
+        cfg.data.cache_dir = None  # the default cache (~/.cache/longctx or $LONGCTX_CACHE)
+    if seq_len is not None:
+        cfg.data.seq_len = seq_len
+    model_config = instantiate(cfg.model)
+    if backend is not None:
+        model_config = dataclasses.replace(model_config, attn_backend=backend)
+    return model_config, instantiate(cfg.data)
+
+
+def _resolvable(cfg, key: str) -> bool:
+    from omegaconf import OmegaConf
+
+    try:
+        OmegaConf.select(cfg, key, throw_on_missing=True)
+        return True
+    except Exception:  # an interpolation only Hydra's runtime can resolve
+        return False
+
+
+def model_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The Llama weights of a Lightning checkpoint (keys ``model.`` or ``model._orig_mod.``)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    weights = state.get("state_dict", state)
+    out = {}
+    for key, value in weights.items():
+        for prefix in ("model._orig_mod.", "model."):
+            if key.startswith(prefix):
+                out[key[len(prefix) :]] = value
+                break
+    if not out:
+        raise KeyError(f"{checkpoint} has no 'model.*' weights; keys start {list(weights)[:5]}")
+    return out
+
+
+def load_model(checkpoint: Path, model_config, device: str):
+    from longctx.model import Llama
+
+    with torch.device("meta"):
+        model = Llama(model_config)
+    model.load_state_dict(model_state_dict(checkpoint), strict=True, assign=True)
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def position_loss(model, datamodule, device: str) -> PositionLoss:
+    """Loss by absolute and in-document bucket over the fixed validation set."""
+    datamodule.prepare_data()
+    acc = PositionLoss(datamodule.config.seq_len, eos_id=datamodule.eos_id)
+    for batch in datamodule.val_dataloader():
+        batch = batch.to(device)
+        acc.update(model.token_loss(batch), batch)
+    return acc
+
+
+def write_rows(rows: Sequence[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_json(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_finite(obj), indent=2) + "\n")
+
+
+def _finite(obj):
+    """NaN/inf -> None, so the JSON is standard."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m longctx.eval", description=__doc__.split("\n")[0])
+    p.add_argument("checkpoint", type=Path, help="a .ckpt inside a train.py run folder")
+    p.add_argument(
+        "--seq-len", type=int, default=None, help="validation row length (default: run's)"
+    )
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: <run>/eval)")
+    p.add_argument("--backend", default=None, help="attention backend (default: the run's)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--cache-dir", default=None, help="prepared-corpus cache (data.cache_dir)")
+    p.add_argument(
+        "--probe-lengths",
+        type=int,
+        nargs="*",
+        default=None,
+        help="passkey context lengths (default: 1024, 2048, ... up to seq_len)",
+    )
+    p.add_argument("--probe-depths", type=float, nargs="*", default=list(DEFAULT_DEPTHS))
+    p.add_argument("--probe-samples", type=int, default=4)
+    p.add_argument("--probe-batch-size", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-probe", action="store_true", help="skip the passkey probe")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from longctx.data import LongCtxDataModule, load_tokenizer
+
+    config_path = find_run_config(args.checkpoint)
+    model_config, data_config = load_configs(
+        config_path, args.seq_len, args.cache_dir, args.backend
+    )
+    out = args.out or config_path.parent.parent / "eval"
+    model = load_model(args.checkpoint, model_config, args.device)
+    datamodule = LongCtxDataModule(data_config)
+    acc = position_loss(model, datamodule, args.device)
+    summary = {
+        "checkpoint": str(args.checkpoint),
+        "seq_len": data_config.seq_len,
+        "val_loss": acc.mean_loss(),
+        "position_loss": acc.records(),
+    }
+    write_rows(acc.records(), out / "position_loss.csv")
+    if not args.no_probe:
+        tokenizer = load_tokenizer(datamodule.manifest.tokenizer)
+        lengths = args.probe_lengths or default_lengths(data_config.seq_len)
+        probes = make_probes(tokenizer, lengths, args.probe_depths, args.probe_samples, args.seed)
+        results = score_probes(model, probes, args.probe_batch_size, args.device)
+        summary["passkey"] = accuracy_table(results)
+        write_rows(results, out / "passkey_probes.csv")
+        write_rows(summary["passkey"], out / "passkey_accuracy.csv")
+    write_json(summary, out / "eval.json")
+    print(f"val loss {summary['val_loss']:.4f}; results in {out}")
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    return run(parse_args(argv))
