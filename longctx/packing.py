@@ -102,6 +102,7 @@ class _ConcatChunkPlanner:
 
     def add(self, doc: int, length: int) -> None:
         start = 0
+        # starting at fill f of the open row, the document spans ceil((f + length) / L) rows
         self.pieces_left[doc] = -(-(length + self.open_fill) // self.seq_len)
         while start < length:
             take = min(self.seq_len - self.open_fill, length - start)
@@ -123,7 +124,7 @@ class _ConcatChunkPlanner:
         return {"open_row": [list(p) for p in self.open_row], "open_fill": self.open_fill}
 
     def load_state_dict(self, state: dict) -> None:
-        self.open_row = [tuple(p) for p in state["open_row"]]
+        self.open_row = [_as_piece(p) for p in state["open_row"]]
         self.open_fill = int(state["open_fill"])
 
 
