@@ -57,8 +57,9 @@ class UnsupportedModelError(ValueError):
 
 # ------------------------------------------------------------------------ support checks
 def _describe(config) -> str:
-    arch = ", ".join(getattr(config, "architectures", None) or []) or "?"
-    return f"{arch} (model_type={getattr(config, 'model_type', '?')!r})"
+    arch = ", ".join(getattr(config, "architectures", None) or [])
+    model_type = f"model_type={getattr(config, 'model_type', '?')!r}"
+    return f"{arch} ({model_type})" if arch else model_type
 
 
 def check_supported(config) -> None:
