@@ -179,7 +179,7 @@ def build_callbacks(cfg: DictConfig) -> list:
 
 def run(cfg: DictConfig) -> dict:
     """Train (or dry-run) one configuration; returns the final logged metrics."""
-    from longctx.data.datamodule import LongCtxDataModule
+    from longctx.data import LongCtxDataModule
     from longctx.module import LongCtxModule
 
     model_config: LlamaConfig = instantiate_config("model", cfg.model)

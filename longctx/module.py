@@ -116,7 +116,10 @@ class LongCtxModule(L.LightningModule):
     # ------------------------------------------------------------------ set-up
     def configure_model(self) -> None:
         if self.compile:
-            self.model = torch.compile(self.model)
+            # per block, in place: the model keeps its methods (loss, token_loss) and its
+            # state-dict keys, and one compiled graph serves every layer
+            for block in self.model.layers:
+                block.compile()
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(param_groups(self.model, self.weight_decay))
