@@ -187,8 +187,8 @@ def test_ablation_multirun_offline_wandb(tmp_path):
     toggles = {(c.data.reset_position_ids, c.data.document_mask) for c in configs}
     assert toggles == {(True, True), (True, False), (False, True), (False, False)}
     assert {c.group for c in configs} == {"position_ablation"}
-    for run in runs:  # the resolved config went to W&B with the group
-        meta = (run / "files" / "config.yaml").read_text()
+    for offline_run in runs:  # the resolved config went to W&B with the group
+        meta = (offline_run / "files" / "config.yaml").read_text()
         assert "position_ablation" in meta and "reset_position_ids" in meta
 
 
