@@ -299,3 +299,17 @@ def test_train_py_model_hf(tmp_path):
     with open(tmp_path / "outputs" / "train" / "hf" / "csv" / "metrics.csv") as f:
         losses = [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
     assert len(losses) == 4 and all(loss == loss for loss in losses)
+
+
+def test_dry_run_and_preflight_model_hf(tmp_path):
+    from longctx.app import ConfigError, run
+
+    path = save_family("llama", tmp_path / "ckpt")
+    overrides = ["model=hf", f"model.path={path}", *FAST, "dry_run=true"]
+    report = run(compose(overrides, output_dir=tmp_path))
+    assert report["parameters"] == HFModelSpec(path=path).num_params()
+    windowed = tmp_path / "windowed"
+    transformers.MistralConfig(**SHAPE, sliding_window=64).save_pretrained(windowed)
+    overrides = ["model=hf", f"model.path={windowed}", *FAST, "dry_run=true"]
+    with pytest.raises(ConfigError, match="sliding-window attention.*seq_len=256"):
+        run(compose(overrides, output_dir=tmp_path))
