@@ -112,7 +112,7 @@ def test_gradients_match_per_document_reference(backend):
 @settings(max_examples=20, deadline=None)
 @given(
     rows=st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=12), min_size=1, max_size=3),
-    budget=st.sampled_from([0, 64, PAD_BUDGET_TOKENS2]),
+    budget=st.sampled_from([0, 64, 128**2, 10**9]),
 )
 def test_sdpa_matches_reference_for_any_layout(rows, budget):
     """Any segment layout (pad tails included) and any bucketing budget gives the reference."""
@@ -174,20 +174,30 @@ def test_changing_another_document_does_not_change_outputs():
 # ---------------------------------------------------------------------- sdpa bucketing
 def test_group_documents_covers_each_document_once_longest_first():
     lengths = [600, 3, 610, 1, 2000, 90, 605, 17]
-    groups = group_documents(lengths)
+    budget = 128 * 128
+    groups = group_documents(lengths, budget)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     for g in groups:
         lead = lengths[g[0]]
         assert all(lead >= lengths[i] for i in g)
-        assert all(lead**2 - lengths[i] ** 2 <= PAD_BUDGET_TOKENS2 for i in g)
+        assert all(lead**2 - lengths[i] ** 2 <= budget for i in g)
     assert [[lengths[i] for i in g] for g in groups] == [[2000], [610, 605, 600], [90, 17, 3, 1]]
 
 
 def test_many_tiny_documents_take_few_sdpa_calls():
-    lengths = [[(i % 30) + 1 for i in range(500)]]
+    lengths = [[(i % 30) + 1 for i in range(600)]]  # each of 1..30, 20 times
     batch = make_batch(lengths, sum(lengths[0]))
+    assert PAD_BUDGET_TOKENS2["cpu"] >= 30**2
     plan = build_sdpa_plan(batch)
-    assert plan.bucket_shapes == ((500, 30),)
+    assert plan.bucket_shapes == ((600, 30),)
+    assert build_sdpa_plan(batch, pad_budget=0).bucket_shapes == tuple(
+        (50, n) for n in range(30, 0, -1)
+    )
+
+
+def test_negative_pad_budget_is_an_error():
+    with pytest.raises(ValueError, match="pad_budget=-1"):
+        build_sdpa_plan(make_batch([[L]]), pad_budget=-1)
 
 
 def test_equal_contiguous_documents_need_no_gather():

@@ -6,12 +6,12 @@ call on [n_docs, H, pad_len, D]. A shorter document in a group is padded at its 
 causal masking its real queries never see the pad keys (they come later), and the pad queries'
 outputs are dropped, so padding costs compute but never changes a result.
 
-Grouping trades padding compute against one call per document (about 0.2 ms of fixed cost per
-forward+backward SDPA call on CPU, roughly the compute of a 140-token causal block for the tiny
-model's H=4, D=64). Documents are visited longest first; one joins the current group when its
-padded area ``pad_len**2 - n**2`` stays under ``PAD_BUDGET_TOKENS2``, else it leads a new group.
-Each joiner thus wastes at most one call's worth of compute, so the plan never costs more than
-a loop of one call per document, and thousands of tiny documents collapse into a few calls.
+Grouping trades padding compute against one call per document. Documents are visited longest
+first; one joins the current group when its padded area ``pad_len**2 - n**2`` (token pairs of
+wasted causal attention) stays within the device's budget, else it leads a new group. The budget
+is about one call's fixed cost expressed in token pairs, so each joiner wastes at most what its
+own call would have cost: the plan is never worse than a loop of one call per document, and
+thousands of tiny documents collapse into a few calls.
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from torch import Tensor
 
 from longctx.batch import PackedBatch
 
-# Padding a document of n tokens up to pad_len costs ~(pad_len**2 - n**2) causal-attention
-# token pairs; 128**2 is below one SDPA call's fixed cost on CPU (measured: ~0.2 ms fwd+bwd vs
-# ~1e-8 s per token pair at H=4, D=64, 2 threads).
-PAD_BUDGET_TOKENS2 = 128 * 128
+# Token pairs of padding worth one SDPA fwd+bwd call. CPU, measured at H=4, D=64, 1 thread:
+# a call costs ~0.07 ms + 1.3 us/token + 5e-8 s/token pair, so ~1400 pairs; 32**2 measured best
+# on 8k rows of tiny documents. CUDA: a call is ~0.1 ms of launches while a token pair costs
+# ~1e-10 s at the 8B shape, so padding is far cheaper there (an estimate; benchmarks/gpu_bench.py
+# times several budgets).
+PAD_BUDGET_TOKENS2 = {"cpu": 32 * 32, "cuda": 512 * 512}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +55,7 @@ class SdpaPlan:
         return sum(n * pad_len for n, pad_len in self.bucket_shapes)
 
 
-def group_documents(lengths: list[int], pad_budget: int = PAD_BUDGET_TOKENS2) -> list[list[int]]:
+def group_documents(lengths: list[int], pad_budget: int) -> list[list[int]]:
     """Group document indices (into ``lengths``) so that each group is one padded SDPA call.
 
     The first index of every group is its longest document (the group's pad length).
@@ -68,8 +70,16 @@ def group_documents(lengths: list[int], pad_budget: int = PAD_BUDGET_TOKENS2) ->
     return groups
 
 
-def build_sdpa_plan(batch: PackedBatch, pad_budget: int = PAD_BUDGET_TOKENS2) -> SdpaPlan:
-    """Bucket every segment of ``batch`` (flattened over B*L) and index the buckets' slots."""
+def build_sdpa_plan(batch: PackedBatch, pad_budget: int | None = None) -> SdpaPlan:
+    """Bucket every segment of ``batch`` (flattened over B*L) and index the buckets' slots.
+
+    pad_budget: token pairs of padding a document may add to join a bucket; None = the
+    default for the batch's device type.
+    """
+    if pad_budget is None:
+        pad_budget = PAD_BUDGET_TOKENS2.get(batch.tokens.device.type, PAD_BUDGET_TOKENS2["cuda"])
+    if pad_budget < 0:
+        raise ValueError(f"pad_budget={pad_budget}; expected token pairs >= 0")
     lengths = [n for n in batch.seq_lens.flatten().tolist() if n > 0]
     len_D = torch.tensor(lengths, dtype=torch.int64)  # D = documents (segments)
     start_D = len_D.cumsum(0) - len_D
