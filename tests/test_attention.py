@@ -191,7 +191,7 @@ def test_many_tiny_documents_take_few_sdpa_calls():
     plan = build_sdpa_plan(batch)
     assert plan.bucket_shapes == ((600, 30),)
     assert build_sdpa_plan(batch, pad_budget=0).bucket_shapes == tuple(
-        (50, n) for n in range(30, 0, -1)
+        (20, n) for n in range(30, 0, -1)
     )
 
 
