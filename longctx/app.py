@@ -214,10 +214,16 @@ def run(cfg: DictConfig) -> dict:
         callbacks=build_callbacks(cfg),
         plugins=[AtomicCheckpointIO()],
     )
-    trainer.fit(
-        module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg.ckpt_path, output_dir)
-    )
-    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, output_dir)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if "val/loss" in metrics and trainer.is_global_zero:
+        metrics["unigram_baseline"] = datamodule.unigram_baseline()
+        print(
+            f"val/loss {metrics['val/loss']:.4f} nats/token, unigram baseline "
+            f"{metrics['unigram_baseline']:.4f}"
+        )
+    return metrics
 
 
 def main(cfg: DictConfig) -> float | None:

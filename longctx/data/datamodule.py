@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from longctx.batch import PackedBatch
 from longctx.data.corpus import default_corpus_dir
 from longctx.data.shards import Manifest, ShardSet, load_manifest
+from longctx.eval.baselines import unigram_cross_entropy
 from longctx.packing import PackedRow, collate_rows, make_packer
 
 _META = "_longctx_stream_meta"  # attribute a train batch carries: (g, stream, cursor after)
@@ -415,6 +416,13 @@ class LongCtxDataModule(L.LightningDataModule):
     @property
     def pad_id(self) -> int:
         return self.manifest.pad_id
+
+    def unigram_baseline(self) -> float:
+        """Validation cross-entropy of the training split's unigram distribution (nats/token)."""
+        folder = self._resolve_folders()[0]
+        train, val = ShardSet(folder, "train"), ShardSet(folder, "val")
+        docs = lambda shards: (shards.document(i) for i in range(len(shards)))  # noqa: E731
+        return unigram_cross_entropy(docs(train), docs(val), self.vocab_size)
 
     def check_vocab(self, model_vocab_size: int) -> None:
         if self.vocab_size > model_vocab_size:
