@@ -20,11 +20,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
 COLUMNS = [
     "run", "group", "variant", "reset_position_ids", "document_mask", "step", "metric", "value",
@@ -186,8 +184,9 @@ def wandb_file_history(path: Path) -> list[tuple[int, str, float]]:
 def _history_rows(items) -> list[tuple[int, str, float]]:
     values = {}
     for item in items:
-        key = item.key or "/".join(item.nested_key)
-        value = _item_value(item)
+        if not item.key:  # nested keys are parts of a logged object (a table's size, ...)
+            continue
+        key, value = item.key, _item_value(item)
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue  # tables, plots, media
         values[key] = value
@@ -203,8 +202,9 @@ def _item_value(item):
             return json.loads(item.value_json)
         except json.JSONDecodeError:
             return None
+    typed = _oneof_fields(item)  # newer W&B versions may write typed values
     for field in ("number", "integer"):
-        if item.HasField(field) if field in _oneof_fields(item) else False:
+        if field in typed and item.HasField(field):
             return getattr(item, field)
     return None
 
@@ -360,6 +360,9 @@ def plot_position_loss(frame: pd.DataFrame, kind: str = "doc", step: int | None 
             ax.plot(x, run["loss"], marker="o", markersize=3,
                     color=VARIANT_COLORS[(reset, mask)], label=variant_label(reset, mask))  # fmt: skip
     ax.set_xscale("log", base=2)
+    starts = sorted(data["bucket_start"].unique())
+    ax.set_xticks([max(s, 0.5) for s in starts], [str(s) for s in starts], fontsize="small")
+    ax.minorticks_off()
     ax.set(xlabel=f"{KIND_NAMES[kind]} (bucket start)", ylabel="val loss",
            title=f"val loss by {KIND_NAMES[kind]}")  # fmt: skip
     ax.legend(fontsize="small")
@@ -396,11 +399,13 @@ def ablation_figure(frame: pd.DataFrame, title: str | None = None, smoothing: fl
     return fig
 
 
-def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+def save_figure(fig, path: str | Path, dpi: int = 120, close: bool = True) -> Path:
+    """Save as PNG (or the suffix's format); close=False keeps it open for a notebook to show."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
+    if close:
+        plt.close(fig)
     return path
 
 
@@ -428,6 +433,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     args = parse_args(argv)
+    matplotlib.use("Agg")  # files only, no display
     if (args.folder is None) == (args.wandb is None):
         raise SystemExit("give either a local FOLDER or --wandb ENTITY/PROJECT (not both)")
     if args.wandb:
