@@ -81,32 +81,25 @@ def check_devices(trainer_cfg: DictConfig, device: torch.device) -> None:
 
 
 def check_backend(model_config: LlamaConfig, seq_len: int, device: torch.device) -> None:
-    try:
-        backend = resolve_backend(model_config.attn_backend, device)
-    except (ValueError, RuntimeError) as err:
-        raise ConfigError(f"model.attn_backend={model_config.attn_backend}: {err}") from err
-    if backend == "flex" and seq_len % 128:
-        raise ConfigError(
-            f"data.seq_len={seq_len} must be a multiple of 128 for attn_backend=flex "
-            "(FlexAttention's block size)"
-        )
-    check_model_seq_len(model_config, seq_len)
     if seq_len > model_config.max_seq_len:
         raise ConfigError(
             f"data.seq_len={seq_len} exceeds the model's RoPE range "
             f"model.max_seq_len={model_config.max_seq_len}"
         )
-
-
-def check_model_seq_len(model_config, seq_len: int) -> None:
-    """A model spec's own sequence-length check (an HF model's sliding window, say)."""
-    check = getattr(model_config, "preflight", None)
-    if check is None:
-        return
+    if model_config.attn_backend == "flex" and seq_len % 128:
+        raise ConfigError(
+            f"data.seq_len={seq_len} must be a multiple of 128 for attn_backend=flex "
+            "(FlexAttention's block size)"
+        )
     try:
-        check(seq_len)
-    except ValueError as err:
-        raise ConfigError(f"model: {err}") from err
+        backend = resolve_backend(model_config.attn_backend, device)
+    except (ValueError, RuntimeError) as err:
+        raise ConfigError(f"model.attn_backend={model_config.attn_backend}: {err}") from err
+    if backend == "flex" and device.type == "cpu":
+        raise ConfigError(
+            "model.attn_backend=flex cannot train on cpu: PyTorch has no CPU FlexAttention "
+            "backward; use model.attn_backend=sdpa"
+        )
 
 
 def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:
