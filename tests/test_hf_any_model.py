@@ -133,6 +133,19 @@ def test_eager_and_sdpa_backends_agree(tmp_path):
     torch.testing.assert_close(model.token_loss(batch), sdpa, atol=1e-5, rtol=1e-5)
 
 
+def test_activation_checkpointing_keeps_loss_and_gradients(tmp_path):
+    path = save_family("llama", tmp_path)
+    batch = features_batch(reset=False)
+    grads = []
+    for checkpointing in (False, True):
+        model = load_hf_causal_lm(path, attn_backend="sdpa", activation_checkpointing=checkpointing)
+        model.train()  # HF checkpoints layers only in training mode
+        model.loss(batch)[0].backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
 # ------------------------------------------------------------------ the leak it fixes
 def test_hf_own_attention_leaks_with_continuous_positions(tmp_path):
     path = save_family("llama", tmp_path)
