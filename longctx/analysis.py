@@ -182,18 +182,19 @@ def wandb_file_history(path: Path) -> list[tuple[int, str, float]]:
 
 
 def _history_rows(items) -> list[tuple[int, str, float]]:
-    values = {}
-    for item in items:
-        if not item.key:  # nested keys are parts of a logged object (a table's size, ...)
-            continue
-        key, value = item.key, _item_value(item)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue  # tables, plots, media
-        values[key] = value
-    step = values.pop("trainer/global_step", values.get("_step"))
+    values = {item.key or "/".join(item.nested_key): _item_value(item) for item in items}
+    # a logged object (a table, a plot) also appears as nested numbers: "table/nrows", ...
+    objects = [k + "/" for k, v in values.items() if isinstance(v, dict)]
+    numbers = {
+        k: v
+        for k, v in values.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+        and not any(k.startswith(o) for o in objects)
+    }  # fmt: skip
+    step = numbers.pop("trainer/global_step", numbers.get("_step"))
     if step is None:
         return []
-    return [(int(step), k, float(v)) for k, v in values.items() if not k.startswith("_")]
+    return [(int(step), k, float(v)) for k, v in numbers.items() if not k.startswith("_")]
 
 
 def _item_value(item):
