@@ -81,6 +81,7 @@ def check_devices(trainer_cfg: DictConfig, device: torch.device) -> None:
 
 
 def check_backend(model_config: LlamaConfig, seq_len: int, device: torch.device) -> None:
+    check_model_seq_len(model_config, seq_len)
     if seq_len > model_config.max_seq_len:
         raise ConfigError(
             f"data.seq_len={seq_len} exceeds the model's RoPE range "
@@ -100,6 +101,17 @@ def check_backend(model_config: LlamaConfig, seq_len: int, device: torch.device)
             "model.attn_backend=flex cannot train on cpu: PyTorch has no CPU FlexAttention "
             "backward; use model.attn_backend=sdpa"
         )
+
+
+def check_model_seq_len(model_config, seq_len: int) -> None:
+    """A model spec's own sequence-length check (an HF model's sliding window, say)."""
+    check = getattr(model_config, "preflight", None)
+    if check is None:
+        return
+    try:
+        check(seq_len)
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from err
 
 
 def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:
