@@ -182,19 +182,17 @@ def wandb_file_history(path: Path) -> list[tuple[int, str, float]]:
 
 
 def _history_rows(items) -> list[tuple[int, str, float]]:
-    values = {item.key or "/".join(item.nested_key): _item_value(item) for item in items}
-    # a logged object (a table, a plot) also appears as nested numbers: "table/nrows", ...
-    objects = [k + "/" for k, v in values.items() if isinstance(v, dict)]
-    numbers = {
-        k: v
-        for k, v in values.items()
-        if isinstance(v, int | float) and not isinstance(v, bool)
-        and not any(k.startswith(o) for o in objects)
-    }  # fmt: skip
-    step = numbers.pop("trainer/global_step", numbers.get("_step"))
+    values = {}
+    for item in items:
+        if len(item.nested_key) > 1:  # a field of a logged object (a table's "nrows", ...)
+            continue
+        value = _item_value(item)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values[item.key or item.nested_key[0]] = value
+    step = values.pop("trainer/global_step", values.get("_step"))
     if step is None:
         return []
-    return [(int(step), k, float(v)) for k, v in numbers.items() if not k.startswith("_")]
+    return [(int(step), k, float(v)) for k, v in values.items() if not k.startswith("_")]
 
 
 def _item_value(item):
