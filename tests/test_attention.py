@@ -127,7 +127,7 @@ def test_sdpa_padding_that_makes_slots_outnumber_tokens():
     """Segments [4, 3] bucketed together: 8 slots for 7 tokens (found by hypothesis)."""
     batch = make_batch([[4]], 7)
     plan = build_sdpa_plan(batch, pad_budget=64)
-    assert plan.bucket_shapes == ((2, 4),) and plan.unpad_idx is not None
+    assert plan.bucket_shapes == ((2, 4),) and plan.padded_shapes == ((2, 4),)
     q, k, v = make_qkv(1, 7)
     out = sdpa_attention(q, k, v, plan)
     assert (out - per_document_reference(q, k, v, batch.seq_lens)).abs().max() <= 1e-5
@@ -195,6 +195,17 @@ def test_many_tiny_documents_take_few_sdpa_calls():
     )
 
 
+def test_long_documents_run_in_place_and_tiny_ones_in_padded_stretches():
+    batch = make_batch([[300, 5, 7, 6, 200, 3]], 521)
+    plan = build_sdpa_plan(batch, pad_budget=32 * 32)
+    assert plan.run_sizes == (300, 18, 200, 3)
+    assert plan.direct == ((0, 1, 300), (2, 1, 200))
+    assert plan.padded_runs == (1, 3) and plan.padded_shapes == ((4, 7),)
+    q, k, v = make_qkv(1, 521)
+    out = sdpa_attention(q, k, v, plan)
+    assert (out - per_document_reference(q, k, v, batch.seq_lens)).abs().max() <= 1e-5
+
+
 def test_negative_pad_budget_is_an_error():
     with pytest.raises(ValueError, match="pad_budget=-1"):
         build_sdpa_plan(make_batch([[L]]), pad_budget=-1)
@@ -202,8 +213,8 @@ def test_negative_pad_budget_is_an_error():
 
 def test_equal_contiguous_documents_need_no_gather():
     plan = build_sdpa_plan(make_batch([[L], [L]]))
-    assert plan.bucket_shapes == ((2, L),)
-    assert plan.slot_token_idx is None and plan.unpad_idx is None
+    assert plan.bucket_shapes == ((2, L),) and plan.run_sizes == (2 * L,)
+    assert plan.slot_token_idx is None and plan.padded_shapes == ()
 
 
 # -------------------------------------------------------------------- flex block mask

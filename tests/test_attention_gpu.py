@@ -119,7 +119,7 @@ def test_compiled_flex_does_not_recompile_for_a_new_layout():
 def test_sdpa_plan_and_metadata_live_on_the_gpu():
     meta = build_attention_metadata(cuda_batch(), "sdpa")
     plan = meta.sdpa_plan
-    for idx in (plan.slot_token_idx, plan.unpad_idx):
+    for idx in (plan.slot_token_idx, plan.real_slot_idx):
         assert idx is None or idx.is_cuda
     flex_meta = build_attention_metadata(cuda_batch(), "flex")
     assert flex_meta.block_mask.kv_num_blocks.is_cuda

@@ -34,21 +34,37 @@ PAD_BUDGET_TOKENS2 = {"cpu": 32 * 32, "cuda": 512 * 512}
 
 @dataclasses.dataclass(frozen=True)
 class SdpaPlan:
-    """Document buckets over the flattened B*L tokens, as slots of one padded token list.
+    """How the flattened B*L tokens (T) become SDPA calls, and how the outputs come back.
 
-    bucket_shapes: (n_docs, pad_len) per bucket, the bucket's SDPA batch and length; bucket i
-        owns the next n_docs * pad_len slots, document-major.
-    slot_token_idx: int64 [num_slots], the flat token behind every slot (pad slots repeat
-        their document's last token); None when the slots are exactly the flat tokens.
-    unpad_idx: int64 [B*L], the slot of every flat token; None when that is the identity.
+    The flat tokens are split into consecutive runs (``run_sizes``). A *direct* run is a whole
+    bucket of unpadded, equal-length, consecutive documents (usually one long document): its
+    SDPA call reads a view of q/k/v, no copy. Every other run is a stretch of consecutive
+    documents that sit in *padded* buckets: those are gathered into slots, one index_select
+    for all padded buckets, and their real outputs are gathered back in flat order.
 
-    One gather in, one scatter out: gradients then flow through a single index_select and a
-    single split (whose backward is one cat), never through a full-size zero tensor per bucket.
+    direct: (run index, n_docs, pad_len) per direct run.
+    padded_shapes: (n_docs, pad_len) per padded bucket; bucket i owns the next n_docs * pad_len
+        slots, document-major.
+    slot_token_idx: int64 [padded slots], the flat token behind each slot (pad slots repeat
+        their document's last token).
+    real_slot_idx: int64 [tokens in padded runs], the slot of each such token, in flat order.
+    padded_runs: indices of the runs filled from the padded buckets' outputs, in flat order.
+
+    Gradients flow through one split/cat of the full size and index ops over the padded
+    tokens only, never through a full-size zero tensor per bucket or per document.
     """
 
-    bucket_shapes: tuple[tuple[int, int], ...]
+    run_sizes: tuple[int, ...]
+    direct: tuple[tuple[int, int, int], ...]
+    padded_shapes: tuple[tuple[int, int], ...]
     slot_token_idx: Tensor | None
-    unpad_idx: Tensor | None
+    real_slot_idx: Tensor | None
+    padded_runs: tuple[int, ...]
+
+    @property
+    def bucket_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(n_docs, pad_len) of every SDPA call: direct runs first, then padded buckets."""
+        return tuple((n, pad_len) for _, n, pad_len in self.direct) + self.padded_shapes
 
     @property
     def num_slots(self) -> int:
@@ -81,53 +97,100 @@ def build_sdpa_plan(batch: PackedBatch, pad_budget: int | None = None) -> SdpaPl
     if pad_budget < 0:
         raise ValueError(f"pad_budget={pad_budget}; expected token pairs >= 0")
     lengths = [n for n in batch.seq_lens.flatten().tolist() if n > 0]
-    len_D = torch.tensor(lengths, dtype=torch.int64)  # D = documents (segments)
-    start_D = len_D.cumsum(0) - len_D
-    shapes, token_idx, real = [], [], []
-    for group in group_documents(lengths, pad_budget):
-        doc_len_N, pad_len = len_D[group], lengths[group[0]]
-        offset_NP = torch.arange(pad_len).expand(len(group), pad_len)
-        last_N1 = (doc_len_N - 1)[:, None]
-        token_idx.append((start_D[group][:, None] + offset_NP.minimum(last_N1)).flatten())
-        real.append((offset_NP <= last_N1).flatten())
-        shapes.append((len(group), pad_len))
-    slot_token_idx, real_slot = torch.cat(token_idx), torch.cat(real)
-    unpad_idx = torch.empty(len(len_D) and int(len_D.sum()), dtype=torch.int64)
-    unpad_idx[slot_token_idx[real_slot]] = real_slot.nonzero().flatten()
+    groups = group_documents(lengths, pad_budget)
+    direct_groups = [g for g in groups if _runs_in_place(g, lengths)]
+    padded_groups = [g for g in groups if not _runs_in_place(g, lengths)]
+    run_sizes, direct, padded_runs = _runs(lengths, direct_groups)
+    slot_token_idx, real_slot_idx = _padded_slots(lengths, padded_groups)
     device = batch.tokens.device
-    no_pad = slot_token_idx.numel() == unpad_idx.numel()
     return SdpaPlan(
-        tuple(shapes),
-        None if no_pad and _is_identity(slot_token_idx) else slot_token_idx.to(device),
-        None if no_pad and _is_identity(unpad_idx) else unpad_idx.to(device),
+        run_sizes=run_sizes,
+        direct=direct,
+        padded_shapes=tuple((len(g), lengths[g[0]]) for g in padded_groups),
+        slot_token_idx=None if slot_token_idx is None else slot_token_idx.to(device),
+        real_slot_idx=None if real_slot_idx is None else real_slot_idx.to(device),
+        padded_runs=padded_runs,
     )
 
 
-def _is_identity(idx: Tensor) -> bool:
-    return bool((idx == torch.arange(idx.numel())).all())
+def _runs_in_place(group: list[int], lengths: list[int]) -> bool:
+    """A bucket of equal-length documents, consecutive in flat order, needs no gather."""
+    return all(lengths[i] == lengths[group[0]] for i in group) and group == list(
+        range(group[0], group[0] + len(group))
+    )
+
+
+def _runs(lengths: list[int], direct_groups: list[list[int]]):
+    """Split the flat documents into direct runs and maximal stretches of padded documents."""
+    direct_at = {g[0]: g for g in direct_groups}  # first document -> its direct bucket
+    run_sizes: list[int] = []
+    direct, padded_runs = [], []
+    doc = 0
+    while doc < len(lengths):
+        if doc in direct_at:
+            group = direct_at[doc]
+            direct.append((len(run_sizes), len(group), lengths[doc]))
+            run_sizes.append(len(group) * lengths[doc])
+            doc += len(group)
+            continue
+        if not padded_runs or padded_runs[-1] != len(run_sizes) - 1:
+            padded_runs.append(len(run_sizes))  # a new stretch of padded documents
+            run_sizes.append(0)
+        run_sizes[-1] += lengths[doc]
+        doc += 1
+    return tuple(run_sizes), tuple(direct), tuple(padded_runs)
+
+
+def _padded_slots(lengths: list[int], padded_groups: list[list[int]]):
+    """(slot -> flat token, flat-ordered padded token -> slot) for the padded buckets."""
+    if not padded_groups:
+        return None, None
+    len_D = torch.tensor(lengths, dtype=torch.int64)  # D = documents (segments)
+    start_D = len_D.cumsum(0) - len_D
+    token_idx, real = [], []
+    for group in padded_groups:
+        pad_len = lengths[group[0]]
+        offset_NP = torch.arange(pad_len).expand(len(group), pad_len)
+        last_N1 = (len_D[group] - 1)[:, None]
+        token_idx.append((start_D[group][:, None] + offset_NP.minimum(last_N1)).flatten())
+        real.append((offset_NP <= last_N1).flatten())
+    slot_token_idx, real_slot = torch.cat(token_idx), torch.cat(real)
+    # real slots sorted by their flat token = padded tokens in flat order
+    real_tokens = slot_token_idx[real_slot]
+    real_slot_idx = real_slot.nonzero().flatten()[real_tokens.argsort()]
+    return slot_token_idx, real_slot_idx
 
 
 # --------------------------------------------------------------------------- forward
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: SdpaPlan) -> Tensor:
     """q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D], causal within each document."""
     b, length, h, d = q.shape
-    sizes = [n * pad_len for n, pad_len in plan.bucket_shapes]
-    q_pieces, k_pieces, v_pieces = (_slots(x, plan).split(sizes) for x in (q, k, v))
-    outs = []
-    for shape, q_SHD, k_SHD, v_SHD in zip(
-        plan.bucket_shapes, q_pieces, k_pieces, v_pieces, strict=True
-    ):
-        outs.append(_bucket_attention(q_SHD, k_SHD, v_SHD, *shape))  # S = this bucket's slots
-    out_SHD = outs[0] if len(outs) == 1 else torch.cat(outs)
-    if plan.unpad_idx is not None:
-        out_SHD = out_SHD.index_select(0, plan.unpad_idx)
-    return out_SHD.view(b, length, h, d)
+    flat = [x.reshape(b * length, x.shape[2], d) for x in (q, k, v)]  # [T, heads, D] each
+    q_runs, k_runs, v_runs = (x.split(plan.run_sizes) for x in flat)
+    outs: list[Tensor | None] = [None] * len(plan.run_sizes)
+    for run, n, pad_len in plan.direct:
+        outs[run] = _bucket_attention(q_runs[run], k_runs[run], v_runs[run], n, pad_len)
+    if plan.padded_runs:
+        padded_tokens = _padded_attention(*flat, plan)
+        stretch_sizes = [plan.run_sizes[r] for r in plan.padded_runs]
+        for run, out in zip(plan.padded_runs, padded_tokens.split(stretch_sizes), strict=True):
+            outs[run] = out
+    out_THD = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out_THD.view(b, length, h, d)
 
 
-def _slots(x_BLHD: Tensor, plan: SdpaPlan) -> Tensor:
-    """[num_slots, H, D]: the flat tokens gathered into bucket slot order."""
-    x_THD = x_BLHD.reshape(-1, x_BLHD.shape[2], x_BLHD.shape[3])  # T = B*L flat tokens
-    return x_THD if plan.slot_token_idx is None else x_THD.index_select(0, plan.slot_token_idx)
+def _padded_attention(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, plan: SdpaPlan) -> Tensor:
+    """Outputs of the padded buckets' documents, [tokens in padded runs, H, D] in flat order."""
+    sizes = [n * pad_len for n, pad_len in plan.padded_shapes]
+    q_b, k_b, v_b = (
+        x.index_select(0, plan.slot_token_idx).split(sizes) for x in (q_THD, k_THD, v_THD)
+    )
+    outs = [
+        _bucket_attention(q_SHD, k_SHD, v_SHD, n, pad_len)  # S = this bucket's slots
+        for (n, pad_len), q_SHD, k_SHD, v_SHD in zip(plan.padded_shapes, q_b, k_b, v_b, strict=True)
+    ]
+    slots_SHD = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return slots_SHD.index_select(0, plan.real_slot_idx)
 
 
 def _bucket_attention(q_SHD: Tensor, k_SHD: Tensor, v_SHD: Tensor, n: int, pad_len: int):
