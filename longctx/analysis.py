@@ -373,7 +373,9 @@ def plot_retrieval_heatmaps(probes: pd.DataFrame, value: str = "accuracy"):
     if probes.empty:
         raise ValueError("no passkey probe results (eval/passkey_accuracy.csv) to plot")
     variants = _variants(probes)
-    fig, axes = plt.subplots(1, len(variants), figsize=(4 * len(variants), 3.4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(variants), figsize=(4 * len(variants), 3.4), squeeze=False, sharey=True
+    )
     for ax, (reset, mask) in zip(axes[0], variants, strict=True):
         sub = probes[(probes.reset_position_ids == reset) & (probes.document_mask == mask)]
         grid = sub.pivot_table(index="depth", columns="length", values=value, aggfunc="mean")
@@ -381,7 +383,8 @@ def plot_retrieval_heatmaps(probes: pd.DataFrame, value: str = "accuracy"):
                           origin="lower")  # fmt: skip
         ax.set_xticks(range(len(grid.columns)), [str(c) for c in grid.columns])
         ax.set_yticks(range(len(grid.index)), [f"{d:.2f}" for d in grid.index])
-        ax.set(xlabel="context length", ylabel="needle depth", title=variant_label(reset, mask))
+        ax.set(xlabel="context length", title=variant_label(reset, mask))
+    axes[0][0].set_ylabel("needle depth")
     fig.colorbar(image, ax=axes[0].tolist(), label=f"passkey {value}")
     return fig
 
