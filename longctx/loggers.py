@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import uuid
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -29,9 +30,7 @@ def persistent_run_id(output_dir: Path) -> str:
     id_file = output_dir / WANDB_ID_FILE
     if id_file.is_file():
         return id_file.read_text().strip()
-    import wandb
-
-    run_id = wandb.util.generate_id()
+    run_id = uuid.uuid4().hex[:12]
     output_dir.mkdir(parents=True, exist_ok=True)
     id_file.write_text(run_id)
     return run_id

@@ -39,7 +39,7 @@ def compose(overrides: list[str], output_dir: Path | None = None):
 def run_train(args: list[str], tmp_path: Path, timeout: int = 600, check: bool = True):
     """python train.py ARGS in a subprocess, outputs under tmp_path; returns CompletedProcess."""
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONHASHSEED": "0"}
-    cmd = [sys.executable, str(ROOT / "train.py"), f"paths.root_dir={tmp_path}", *args]
+    cmd = [sys.executable, str(ROOT / "train.py"), *args, f"paths.root_dir={tmp_path}"]
     proc = subprocess.run(
         cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
     )
