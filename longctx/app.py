@@ -18,7 +18,8 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from longctx.checkpoint import AtomicCheckpointIO, resolve_ckpt_path
+from longctx.checkpoint import AtomicCheckpointIO, auto_resume_path, resolve_ckpt_path
+from longctx.distributed.slurm import PREEMPTED_MARKER, slurm_job_label, slurm_plugins
 from longctx.loggers import make_loggers
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import resolve_backend
@@ -32,7 +33,8 @@ class ConfigError(ValueError):
 
 # ----------------------------------------------------------------------- run folder
 def run_dir(runs_dir: str, run_name: str, ckpt_path: str | None) -> str:
-    """The run folder: named, the newest resumable one (ckpt_path=last), or a new timestamped one."""
+    """The run folder: named, the newest resumable one (ckpt_path=last), inside a SLURM job
+    slurm-<job id> (every rank and a requeued job find the same folder), or a new timestamped one."""
     root = Path(runs_dir)
     if run_name != "auto":
         return str(root / run_name)
@@ -44,6 +46,8 @@ def run_dir(runs_dir: str, run_name: str, ckpt_path: str | None) -> str:
                 "pass run_name=<folder> to pick one"
             )
         return str(found[-1].parent.parent)
+    if slurm_job_label() is not None:
+        return str(root / f"slurm-{slurm_job_label()}")
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     candidate, n = root / stamp, 1
     while candidate.exists():
@@ -126,7 +130,8 @@ def available_memory_bytes(device: torch.device) -> int:
 
 
 def check_memory(model_config: LlamaConfig, trainer_cfg: DictConfig, device: torch.device) -> None:
-    sharded = "ModelParallel" in str(OmegaConf.select(trainer_cfg, "strategy._target_", default=""))
+    target = str(OmegaConf.select(trainer_cfg, "strategy._target_", default=""))
+    sharded = "ModelParallel" in target or "FSDP" in target
     devices = trainer_cfg.get("devices", 1) if isinstance(trainer_cfg.get("devices"), int) else 1
     shards = devices * int(trainer_cfg.get("num_nodes", 1)) if sharded else 1
     need, have = training_memory_bytes(model_config, shards), available_memory_bytes(device)
@@ -217,10 +222,14 @@ def run(cfg: DictConfig) -> dict:
         cfg.trainer,
         logger=make_loggers(cfg, output_dir) or False,
         callbacks=build_callbacks(cfg),
-        plugins=[AtomicCheckpointIO()],
+        # under SLURM: Lightning's environment without its auto-requeue (SaveOnSignal requeues)
+        plugins=[AtomicCheckpointIO(), *slurm_plugins()],
     )
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, output_dir)
+    if ckpt_path is None and (ckpt_path := auto_resume_path(output_dir)):
+        print(f"resuming a preempted / requeued run from {ckpt_path}", flush=True)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    finish_preemption(trainer, output_dir)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if "val/loss" in metrics and trainer.is_global_zero:
         metrics["unigram_baseline"] = datamodule.unigram_baseline()
@@ -229,6 +238,18 @@ def run(cfg: DictConfig) -> dict:
             f"{metrics['unigram_baseline']:.4f}"
         )
     return metrics
+
+
+def finish_preemption(trainer: L.Trainer, output_dir: Path) -> None:
+    """Report this rank; a run that finished without being signalled drops its PREEMPTED marker."""
+    print(
+        f"longctx: rank {trainer.global_rank}/{trainer.world_size} stopped at step "
+        f"{trainer.global_step}",
+        flush=True,
+    )
+    signalled = any(getattr(c, "saved_path", None) for c in trainer.callbacks)
+    if trainer.is_global_zero and not signalled:
+        (output_dir / "checkpoints" / PREEMPTED_MARKER).unlink(missing_ok=True)
 
 
 def main(cfg: DictConfig) -> float | None:

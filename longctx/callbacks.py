@@ -4,31 +4,52 @@ The handler only sets a flag; the checkpoint is written from the training loop a
 boundary (never inside the handler, where a half-finished step or collective could be caught).
 All ranks agree on the flag through one tiny all-reduce per step, so a signal delivered to one
 process stops every rank at the same step.
+
+Under SLURM a *requeue* signal (SIGUSR1/SIGUSR2: ``sbatch --signal=USR1@90`` sent before the time
+limit, or ``scancel --signal=USR1``) also requeues the job once the checkpoint is written: rank 0
+leaves a PREEMPTED marker next to it and runs ``scontrol requeue``; the requeued job finds the
+marker and resumes (longctx.checkpoint.auto_resume_path). SIGTERM only saves and stops: SLURM
+sends it on scancel, and on preemption SLURM requeues by itself when configured to.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from longctx.distributed.slurm import PREEMPTED_MARKER, requeue_job, under_slurm
+
 
 class SaveOnSignal(L.Callback):
-    def __init__(self, signals: list[str] = ("SIGTERM", "SIGUSR1"), filename: str = "last.ckpt"):
-        unknown = [s for s in signals if not hasattr(signal, s)]
+    def __init__(
+        self,
+        signals: list[str] = ("SIGTERM", "SIGUSR1"),
+        filename: str = "last.ckpt",
+        requeue_signals: list[str] = ("SIGUSR1", "SIGUSR2"),
+        requeue: bool | str = "auto",
+    ):
+        unknown = [s for s in [*signals, *requeue_signals] if not hasattr(signal, s)]
         if unknown:
             raise ValueError(f"SaveOnSignal: unknown signal names {unknown}")
+        if requeue not in (True, False, "auto"):
+            raise ValueError(f"SaveOnSignal: requeue={requeue!r}; expected true, false or auto")
         self.signals = [getattr(signal, s) for s in signals]
+        self.requeue_signals = {getattr(signal, s) for s in requeue_signals}
+        # "auto": requeue when running inside a SLURM job
+        self.requeue = requeue
         self.filename = filename
+        self.requeued: str | None = None
         self.received: int | None = None
         self.saved_path: Path | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # installed after Lightning's own handlers, which would raise mid-step instead
-        for signum in self.signals:
+        for signum in {*self.signals, *self.requeue_signals}:
             signal.signal(signum, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
@@ -37,7 +58,8 @@ class SaveOnSignal(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
         if getattr(pl_module, "_micro", 0) != 0:  # mid-accumulation: wait for the step boundary
             return
-        if not self._any_rank_received(trainer):
+        stop, requeue_wanted = self._any_rank_received(trainer)
+        if not stop:
             return
         path = Path(trainer.checkpoint_callback.dirpath) / self.filename
         trainer.save_checkpoint(path)
@@ -45,10 +67,29 @@ class SaveOnSignal(L.Callback):
         rank_zero_info(
             f"signal {self.received}: saved {path} at step {trainer.global_step}; stopping"
         )
+        if requeue_wanted and self._should_requeue() and trainer.is_global_zero:
+            self._requeue(path)
         trainer.should_stop = True
 
-    def _any_rank_received(self, trainer: L.Trainer) -> bool:
-        flag = torch.tensor(float(self.received is not None))
+    def _should_requeue(self) -> bool:
+        return self.requeue is True or (self.requeue == "auto" and under_slurm())
+
+    def _requeue(self, checkpoint: Path) -> None:
+        """Marker first (the requeued job must find it), then scontrol; the checkpoint is
+        already complete on disk, so SLURM may kill this job at any moment from here on."""
+        (checkpoint.parent / PREEMPTED_MARKER).write_text(f"{checkpoint.name}\n")
+        try:
+            self.requeued = requeue_job()
+        except (RuntimeError, OSError) as err:  # scontrol missing or refused: stop, say so
+            print(f"SaveOnSignal: could not requeue: {err}", file=sys.stderr, flush=True)
+            return
+        rank_zero_info(f"requeued SLURM job {self.requeued}; it resumes from {checkpoint}")
+
+    def _any_rank_received(self, trainer: L.Trainer) -> tuple[bool, bool]:
+        """(some rank got a signal, some rank got a requeue signal)."""
+        flags = torch.tensor(
+            [float(self.received is not None), float(self.received in self.requeue_signals)]
+        )
         if trainer.world_size > 1:
-            flag = trainer.strategy.reduce(flag.to(trainer.strategy.root_device), reduce_op="sum")
-        return bool(flag > 0)
+            flags = trainer.strategy.reduce(flags.to(trainer.strategy.root_device), reduce_op="sum")
+        return bool(flags[0] > 0), bool(flags[1] > 0)

@@ -39,11 +39,34 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_torch_save(checkpoint, path)
 
 
+def existing_checkpoint(path: Path) -> Path | None:
+    """``path`` (a file, or a sharded FSDP folder), else the ``.old`` copy an interrupted
+    folder swap leaves (longctx.distributed.fsdp.swap_into_place), else None."""
+    for candidate in (path, path.with_name(path.name + ".old")):
+        if candidate.is_file() or (candidate.is_dir() and any(candidate.iterdir())):
+            return candidate
+    return None
+
+
 def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
-    """None (fresh start), "last" (this run folder's last.ckpt), or an existing file."""
+    """None (fresh start), "last" (this run folder's last.ckpt), or an existing checkpoint."""
     if ckpt_path is None:
         return None
     path = output_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
-    if not path.is_file():
+    found = existing_checkpoint(path)
+    if found is None:
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no checkpoint at {path}")
-    return str(path)
+    return str(found)
+
+
+def auto_resume_path(output_dir: Path) -> str | None:
+    """The checkpoint a requeued SLURM job resumes from without being told: the run folder's
+    last.ckpt when the run was preempted (a PREEMPTED marker, written by SaveOnSignal before it
+    requeued) or SLURM restarted the job (SLURM_RESTART_COUNT > 0). None: start fresh."""
+    from longctx.distributed.slurm import PREEMPTED_MARKER, restart_count
+
+    checkpoints = output_dir / "checkpoints"
+    if not (checkpoints / PREEMPTED_MARKER).is_file() and restart_count() == 0:
+        return None
+    found = existing_checkpoint(checkpoints / "last.ckpt")
+    return None if found is None else str(found)

@@ -120,6 +120,18 @@ class LongCtxModule(L.LightningModule):
             # state-dict keys, and one compiled graph serves every layer
             for block in self.model.layers:
                 block.compile()
+        if self._device_mesh is not None and not self._is_sharded():
+            # ModelParallelStrategy: FSDP2, fully_shard per block then the root. Settings come
+            # from longctx.distributed.FSDP2Strategy; a plain ModelParallelStrategy gets defaults.
+            from longctx.distributed.fsdp import apply_fsdp
+
+            shard = getattr(self.trainer.strategy, "shard", None)
+            shard(self.model) if shard else apply_fsdp(self.model, self._device_mesh)
+
+    def _is_sharded(self) -> bool:
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(self.model, FSDPModule)
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(param_groups(self.model, self.weight_decay))
@@ -191,7 +203,9 @@ class LongCtxModule(L.LightningModule):
     def _clip_gradients(self) -> Tensor:
         max_norm = self.grad_clip if self.grad_clip else float("inf")
         params = [p for p in self.model.parameters() if p.grad is not None]
-        return torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+        # FSDP2: the grads are sharded DTensors and so is the norm (reduced over ranks)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def _reduce_sum(self, values: list) -> Tensor:
         stacked = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values])
@@ -202,6 +216,10 @@ class LongCtxModule(L.LightningModule):
 
     def _maybe_no_sync(self, skip_sync: bool):
         strategy = self.trainer.strategy
+        if self._device_mesh is not None and self._is_sharded():
+            # FSDP2: no reduce-scatter until the last micro-batch of the step
+            self.model.set_requires_gradient_sync(not skip_sync)
+            return contextlib.nullcontext()
         if skip_sync and hasattr(strategy, "block_backward_sync"):
             return strategy.block_backward_sync()
         return contextlib.nullcontext()

@@ -1,0 +1,62 @@
+"""SLURM: the job's identity, Lightning's environment plugin without its auto-requeue, and
+requeueing a preempted job so that it resumes from the checkpoint it just wrote.
+
+Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default) installs a SIGUSR1 handler
+that saves an "hpc" checkpoint *inside the signal handler* and requeues; that would race
+``longctx.callbacks.SaveOnSignal``, which checkpoints at the next step boundary. Under SLURM
+the app therefore passes ``SLURMEnvironment(auto_requeue=False)`` and SaveOnSignal requeues.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+# written into the run folder when a job was requeued after a checkpoint: the next start of
+# the same run resumes from checkpoints/last.ckpt (see longctx.checkpoint.auto_resume_path)
+PREEMPTED_MARKER = "PREEMPTED"
+
+
+def under_slurm() -> bool:
+    """Inside a SLURM job allocation whose tasks Lightning can use as ranks."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    return SLURMEnvironment.detect()
+
+
+def slurm_plugins() -> list:
+    """[SLURMEnvironment(auto_requeue=False)] inside a SLURM job, else []."""
+    if not under_slurm():
+        return []
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)]
+
+
+def restart_count() -> int:
+    """How many times SLURM has requeued this job (0 outside SLURM)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def slurm_job_label() -> str | None:
+    """The job's requeue-stable id: ``<array job>_<task>`` for an array task, else the job id."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def requeue_job(timeout: float = 60) -> str:
+    """``scontrol requeue`` this job (or array task); returns the id. Raises with scontrol's
+    message when SLURM refuses (e.g. the partition does not allow requeue)."""
+    job = slurm_job_label()
+    if job is None:
+        raise RuntimeError("requeue_job: not inside a SLURM job (SLURM_JOB_ID is not set)")
+    proc = subprocess.run(
+        ["scontrol", "requeue", job], capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"scontrol requeue {job} failed ({proc.returncode}): {proc.stderr.strip()}"
+        )
+    return job

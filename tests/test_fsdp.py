@@ -1,0 +1,97 @@
+"""FSDP2 on CPU (gloo): 2 processes train exactly like 1; a 2-rank sharded checkpoint resumes
+on 1 rank; the sharding helpers refuse what they cannot do, by name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from module_fixtures import cat_batches, fit, small_module
+from torch import nn
+
+from longctx.distributed.fsdp import FSDP2Strategy, parse_dtype, swap_into_place, transformer_blocks
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import fsdp_script  # noqa: E402
+
+
+def run_script(*args: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "fsdp_script.py"), *args],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
+
+
+def reference_params(steps: int, momentum: bool) -> dict[str, torch.Tensor]:
+    """One ordinary process, no FSDP, both micro-batches of a step stacked."""
+    module = small_module()
+    if momentum:  # optimizer state to reshard; AdamW would amplify round-off (sign of ~0 grads)
+        module.optimizer_factory = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+    batches = fsdp_script.rank_batches(steps)
+    fit(module, [cat_batches(batches[2 * s : 2 * s + 2]) for s in range(steps)], max_steps=steps)
+    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+def assert_params_close(a: dict, b: dict, atol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=name)
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_equal_one_process(tmp_path):
+    out = tmp_path / "fsdp2.pt"
+    run_script("--devices", "2", "--steps", "3", "--out", str(out))  # SGD: scale-sensitive
+    assert_params_close(torch.load(out), reference_params(3, momentum=False))
+
+
+@pytest.mark.slow
+def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path):
+    ckpt, mid, end = tmp_path / "last.ckpt", tmp_path / "mid.pt", tmp_path / "end.pt"
+    run_script("--devices", "2", "--steps", "2", "--out", str(mid), "--save", str(ckpt), "--momentum")
+    shards = sorted(p.name for p in ckpt.iterdir())
+    assert ckpt.is_dir() and "__0_0.distcp" in shards and "__1_0.distcp" in shards, shards
+    assert not list(tmp_path.glob(".last.ckpt.*")), "temporary checkpoint folder left behind"
+    assert_params_close(torch.load(mid), reference_params(2, momentum=True))
+    # 1 rank loads the 2-rank shards (parameters and momentum buffers) and continues
+    run_script(
+        "--devices", "1", "--steps", "4", "--start", "2", "--resume", str(ckpt),
+        "--out", str(end), "--momentum",
+    )  # fmt: skip
+    assert_params_close(torch.load(end), reference_params(4, momentum=True))
+
+
+def test_blocks_found_or_refused_by_name():
+    module = small_module()
+    assert transformer_blocks(module.model) is module.model.layers
+    with pytest.raises(ValueError, match="no nn.ModuleList named 'layers'"):
+        transformer_blocks(nn.Sequential(nn.Linear(2, 2)))
+
+
+def test_bad_strategy_settings_are_named():
+    with pytest.raises(ValueError, match="param_dtype='bf16'"):
+        FSDP2Strategy(param_dtype="bf16")
+    with pytest.raises(ValueError, match="tensor_parallel_size=2"):
+        FSDP2Strategy(tensor_parallel_size=2)
+    assert parse_dtype("auto", torch.device("cpu"), "x") is torch.float32
+    assert parse_dtype("auto", torch.device("cuda"), "x") is torch.bfloat16
+
+
+def test_swap_into_place_replaces_a_folder_whole(tmp_path):
+    final, tmp = tmp_path / "last.ckpt", tmp_path / ".last.ckpt.x.tmp"
+    final.mkdir()
+    (final / "old_shard").write_text("old")
+    tmp.mkdir()
+    (tmp / "new_shard").write_text("new")
+    swap_into_place(tmp, final)
+    assert sorted(p.name for p in final.iterdir()) == ["new_shard"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
