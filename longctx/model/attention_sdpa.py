@@ -36,22 +36,23 @@ PAD_BUDGET_TOKENS2 = {"cpu": 32 * 32, "cuda": 512 * 512}
 class SdpaPlan:
     """How the flattened B*L tokens (T) become SDPA calls, and how the outputs come back.
 
-    The flat tokens are split into consecutive runs (``run_sizes``). A *direct* run is a whole
-    bucket of unpadded, equal-length, consecutive documents (usually one long document): its
-    SDPA call reads a view of q/k/v, no copy. Every other run is a stretch of consecutive
-    documents that sit in *padded* buckets: those are gathered into slots, one index_select
-    for all padded buckets, and their real outputs are gathered back in flat order.
+    The flat tokens are split into consecutive runs (``run_sizes``): one split, whose backward
+    is one cat, is the only op that reads the whole of q/k/v. A *direct* run is a whole bucket
+    of unpadded, equal-length, consecutive documents (usually one long document): its SDPA call
+    reads a view, no copy. Every other run is a stretch of consecutive documents that sit in
+    *padded* buckets (the short ones): the stretches' tokens ("padded tokens", in flat order)
+    are gathered into bucket slots with one index_select and their real outputs gathered back.
 
     direct: (run index, n_docs, pad_len) per direct run.
     padded_shapes: (n_docs, pad_len) per padded bucket; bucket i owns the next n_docs * pad_len
         slots, document-major.
-    slot_token_idx: int64 [padded slots], the flat token behind each slot (pad slots repeat
+    slot_token_idx: int64 [padded slots], the padded token behind each slot (pad slots repeat
         their document's last token).
-    real_slot_idx: int64 [tokens in padded runs], the slot of each such token, in flat order.
-    padded_runs: indices of the runs filled from the padded buckets' outputs, in flat order.
+    real_slot_idx: int64 [padded tokens], the slot of each padded token.
+    padded_runs: indices of the runs that are stretches of padded documents, in flat order.
 
-    Gradients flow through one split/cat of the full size and index ops over the padded
-    tokens only, never through a full-size zero tensor per bucket or per document.
+    Gradients thus never pass through a full-size zero tensor per bucket or per document, and
+    the index ops' backward (index_add into zeros) only spans the padded tokens.
     """
 
     run_sizes: tuple[int, ...]
@@ -142,11 +143,15 @@ def _runs(lengths: list[int], direct_groups: list[list[int]]):
 
 
 def _padded_slots(lengths: list[int], padded_groups: list[list[int]]):
-    """(slot -> flat token, flat-ordered padded token -> slot) for the padded buckets."""
+    """(slot -> padded token, padded token -> slot) for the padded buckets, where padded
+    tokens number the tokens of the padded documents in flat order."""
     if not padded_groups:
         return None, None
     len_D = torch.tensor(lengths, dtype=torch.int64)  # D = documents (segments)
-    start_D = len_D.cumsum(0) - len_D
+    is_padded_D = torch.zeros(len(lengths), dtype=torch.bool)
+    is_padded_D[[i for g in padded_groups for i in g]] = True
+    padded_len_D = torch.where(is_padded_D, len_D, 0)
+    start_D = padded_len_D.cumsum(0) - padded_len_D  # start among padded tokens
     token_idx, real = [], []
     for group in padded_groups:
         pad_len = lengths[group[0]]
@@ -155,9 +160,8 @@ def _padded_slots(lengths: list[int], padded_groups: list[list[int]]):
         token_idx.append((start_D[group][:, None] + offset_NP.minimum(last_N1)).flatten())
         real.append((offset_NP <= last_N1).flatten())
     slot_token_idx, real_slot = torch.cat(token_idx), torch.cat(real)
-    # real slots sorted by their flat token = padded tokens in flat order
-    real_tokens = slot_token_idx[real_slot]
-    real_slot_idx = real_slot.nonzero().flatten()[real_tokens.argsort()]
+    real_slot_idx = torch.empty(int(padded_len_D.sum()), dtype=torch.int64)
+    real_slot_idx[slot_token_idx[real_slot]] = real_slot.nonzero().flatten()
     return slot_token_idx, real_slot_idx
 
 
@@ -165,32 +169,39 @@ def _padded_slots(lengths: list[int], padded_groups: list[list[int]]):
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: SdpaPlan) -> Tensor:
     """q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D], causal within each document."""
     b, length, h, d = q.shape
-    flat = [x.reshape(b * length, x.shape[2], d) for x in (q, k, v)]  # [T, heads, D] each
-    q_runs, k_runs, v_runs = (x.split(plan.run_sizes) for x in flat)
+    q_runs, k_runs, v_runs = (
+        x.reshape(b * length, x.shape[2], d).split(plan.run_sizes) for x in (q, k, v)
+    )  # [run tokens, heads, D] views
     outs: list[Tensor | None] = [None] * len(plan.run_sizes)
     for run, n, pad_len in plan.direct:
         outs[run] = _bucket_attention(q_runs[run], k_runs[run], v_runs[run], n, pad_len)
     if plan.padded_runs:
-        padded_tokens = _padded_attention(*flat, plan)
+        padded_out = _padded_attention(q_runs, k_runs, v_runs, plan)
         stretch_sizes = [plan.run_sizes[r] for r in plan.padded_runs]
-        for run, out in zip(plan.padded_runs, padded_tokens.split(stretch_sizes), strict=True):
+        for run, out in zip(plan.padded_runs, padded_out.split(stretch_sizes), strict=True):
             outs[run] = out
-    out_THD = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return out_THD.view(b, length, h, d)
+    return _cat(outs).view(b, length, h, d)
 
 
-def _padded_attention(q_THD: Tensor, k_THD: Tensor, v_THD: Tensor, plan: SdpaPlan) -> Tensor:
-    """Outputs of the padded buckets' documents, [tokens in padded runs, H, D] in flat order."""
-    sizes = [n * pad_len for n, pad_len in plan.padded_shapes]
-    q_b, k_b, v_b = (
-        x.index_select(0, plan.slot_token_idx).split(sizes) for x in (q_THD, k_THD, v_THD)
-    )
+def _padded_attention(q_runs, k_runs, v_runs, plan: SdpaPlan) -> Tensor:
+    """Outputs of the padded documents, [padded tokens, H, D] in flat order."""
+    q_b, k_b, v_b = (_bucket_slots(runs, plan) for runs in (q_runs, k_runs, v_runs))
     outs = [
-        _bucket_attention(q_SHD, k_SHD, v_SHD, n, pad_len)  # S = this bucket's slots
+        _bucket_attention(q_SHD, k_SHD, v_SHD, n, pad_len)
         for (n, pad_len), q_SHD, k_SHD, v_SHD in zip(plan.padded_shapes, q_b, k_b, v_b, strict=True)
     ]
-    slots_SHD = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return slots_SHD.index_select(0, plan.real_slot_idx)
+    return _cat(outs).index_select(0, plan.real_slot_idx)
+
+
+def _bucket_slots(runs: tuple[Tensor, ...], plan: SdpaPlan) -> tuple[Tensor, ...]:
+    """Per padded bucket, [n_docs * pad_len, heads, D]: the padded stretches' tokens in slots."""
+    padded_tokens = _cat([runs[r] for r in plan.padded_runs])
+    sizes = [n * pad_len for n, pad_len in plan.padded_shapes]
+    return padded_tokens.index_select(0, plan.slot_token_idx).split(sizes)
+
+
+def _cat(tensors: list[Tensor]) -> Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 def _bucket_attention(q_SHD: Tensor, k_SHD: Tensor, v_SHD: Tensor, n: int, pad_len: int):
