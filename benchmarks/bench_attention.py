@@ -1,7 +1,7 @@
 """CPU benchmark of document-masked attention, forward + backward, side by side.
 
-For one row of L tokens packed with lognormal document lengths (median 600, sigma 1, clipped
-to L), H=4, Hkv=2, D=64 (the tiny model), B=1, fp32, 2 threads, it times:
+For one row of L tokens packed with lognormal document lengths (median 600, sigma 1.0 and 0.5;
+clipped to L), H=4, Hkv=2, D=64 (the tiny model), B=1, fp32, 2 threads, it times:
 
 - sdpa:   the `sdpa` backend (document buckets), metadata built outside the timed region;
 - ideal:  one SDPA fwd+bwd call per document on views of the same tensors, as one loop (no
@@ -10,8 +10,11 @@ to L), H=4, Hkv=2, D=64 (the tiny model), B=1, fp32, 2 threads, it times:
 - flex:   the `flex` backend forward only (CPU has no FlexAttention backward; uncompiled on
           CPU it materialises the scores, so only up to --flex-max, default 4096).
 
-A second set of rows uses tiny documents (median 30) where a per-document loop is dominated by
-per-call overhead. Each round times every method once, in turn; the best of the rounds is kept.
+A third set uses tiny documents (median 30), where a per-document loop pays per-call overhead.
+Each round times every method once, in turn; the best of the rounds is kept. Wall time and
+process CPU time are both recorded: on a shared machine the CPU-time ratios are the steadier.
+"pairs/L2" is the in-document causal work as a fraction of the dense L*L: the dense mask's
+disadvantage is about its inverse, so it depends on the document-length distribution.
 
     .venv/bin/python benchmarks/bench_attention.py [--quick]
 """
@@ -26,11 +29,15 @@ import platform
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+# Idle OpenMP threads sleep instead of spinning, so CPU time measures work even on a shared
+# machine (must be set before torch starts its thread pool).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from longctx.batch import DENSE_MASK_MAX_LEN, PackedBatch
-from longctx.model.attention import attention, build_attention_metadata
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from longctx.batch import DENSE_MASK_MAX_LEN, PackedBatch  # noqa: E402
+from longctx.model.attention import attention, build_attention_metadata  # noqa: E402
 
 H, HKV, D = 4, 2, 64
 RESULTS = Path(__file__).parent / "results" / "attention.json"
@@ -98,14 +105,15 @@ def run_flex_forward(batch, q, k, v, grad_out, meta):
         attention(q, k, v, meta)
 
 
-def timed(fn, *args) -> float:
-    start = time.perf_counter()
+def timed(fn, *args) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn(*args)
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 # ----------------------------------------------------------------------------- one case
-def bench_case(length: int, lengths: list[int], rounds: int, dense_max: int, flex_max: int) -> dict:
+def bench_case(length: int, lengths: list[int], args) -> dict:
     batch, q, k, v, grad_out = make_inputs(length, lengths)
     t0 = time.perf_counter()
     sdpa_meta = build_attention_metadata(batch, "sdpa")
@@ -114,33 +122,48 @@ def bench_case(length: int, lengths: list[int], rounds: int, dense_max: int, fle
         "sdpa": (run_sdpa_backend, sdpa_meta),
         "ideal": (run_ideal_loop, per_document_views(q, k, v, grad_out, lengths)),
     }
-    if length <= dense_max:
-        mask = batch.to_dense_mask().unsqueeze(1) if length <= DENSE_MASK_MAX_LEN else None
-        methods["dense"] = (run_dense_mask, mask if mask is not None else _dense_mask(batch))
-    if length <= min(flex_max, DENSE_MASK_MAX_LEN):
+    if length <= args.dense_max:
+        methods["dense"] = (run_dense_mask, _dense_mask(batch))
+    if length <= min(args.flex_max, DENSE_MASK_MAX_LEN):
         methods["flex_fwd"] = (run_flex_forward, build_attention_metadata(batch, "flex"))
-    times: dict[str, list[float]] = {name: [] for name in methods}
     for fn, extra in methods.values():  # warm-up
         fn(batch, q, k, v, grad_out, extra)
-    for _ in range(rounds):
+    wall: dict[str, list[float]] = {name: [] for name in methods}
+    cpu: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(args.rounds):  # interleaved: every method sees the same machine load
         for name, (fn, extra) in methods.items():
-            times[name].append(timed(fn, batch, q, k, v, grad_out, extra))
-    best = {name: min(ts) for name, ts in times.items()}
+            w, c = timed(fn, batch, q, k, v, grad_out, extra)
+            wall[name].append(w)
+            cpu[name].append(c)
+    best_wall = {name: min(ts) for name, ts in wall.items()}
+    best_cpu = {name: min(ts) for name, ts in cpu.items()}
+    plan = sdpa_meta.sdpa_plan
     return {
         "L": length,
         "n_docs": len(lengths),
         "max_doc": max(lengths),
-        "sdpa_buckets": len(sdpa_meta.sdpa_plan.bucket_shapes),
+        # in-document causal query-key pairs as a fraction of the dense mask's L*L
+        "pair_fraction": sum(n * n for n in lengths) / 2 / length**2,
+        "sdpa_calls": len(plan.bucket_shapes),
+        "sdpa_padded_docs": sum(n for n, _ in plan.padded_shapes),
         "sdpa_metadata_s": meta_s,
-        "best_s": best,
-        "all_s": times,
-        "sdpa_over_ideal": best["sdpa"] / best["ideal"],
-        "dense_over_sdpa": best["dense"] / best["sdpa"] if "dense" in best else None,
+        "best_wall_s": best_wall,
+        "best_cpu_s": best_cpu,
+        "all_wall_s": wall,
+        "all_cpu_s": cpu,
+        "sdpa_over_ideal_wall": best_wall["sdpa"] / best_wall["ideal"],
+        "sdpa_over_ideal_cpu": best_cpu["sdpa"] / best_cpu["ideal"],
+        "dense_over_sdpa_wall": _ratio(best_wall, "dense", "sdpa"),
+        "dense_over_sdpa_cpu": _ratio(best_cpu, "dense", "sdpa"),
     }
 
 
+def _ratio(times: dict[str, float], num: str, den: str) -> float | None:
+    return times[num] / times[den] if num in times else None
+
+
 def _dense_mask(batch: PackedBatch) -> torch.Tensor:
-    """Block-diagonal causal bool mask [1, 1, L, L] beyond to_dense_mask()'s test limit."""
+    """Block-diagonal causal bool mask [1, 1, L, L] (to_dense_mask() stops at its test limit)."""
     doc = batch.doc_ids[0]
     length = doc.numel()
     causal = torch.ones(length, length, dtype=torch.bool).tril_()
@@ -148,25 +171,37 @@ def _dense_mask(batch: PackedBatch) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- report
-def fmt(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:9.1f}"
+def fmt_ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.0f}"
+
+
+def fmt_x(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
 
 
 def print_table(rows: list[dict]) -> None:
-    header = (
-        f"{'docs':>6} {'L':>6} {'n_docs':>6} {'bkts':>5} {'sdpa ms':>9} {'ideal ms':>9} "
-        f"{'dense ms':>9} {'flexfwd ms':>10} {'sdpa/ideal':>10} {'dense/sdpa':>10}"
-    )
+    """Wall ms (best of the rounds); ratios by wall time and, in brackets, by CPU time."""
+    cols = [("docs", 11), ("L", 6), ("n_docs", 6), ("pairs/L2", 8), ("calls", 5),
+            ("sdpa ms", 8), ("ideal ms", 8), ("dense ms", 8), ("flexfwd ms", 10),
+            ("sdpa/ideal [cpu]", 17), ("dense/sdpa [cpu]", 17)]  # fmt: skip
+    header = " ".join(f"{name:>{width}}" for name, width in cols)
     print(header)
     print("-" * len(header))
     for r in rows:
-        b = r["best_s"]
-        dense_ratio = "n/a" if r["dense_over_sdpa"] is None else f"{r['dense_over_sdpa']:.1f}x"
-        print(
-            f"{r['docs']:>6} {r['L']:>6} {r['n_docs']:>6} {r['sdpa_buckets']:>5} "
-            f"{fmt(b['sdpa'])} {fmt(b['ideal'])} {fmt(b.get('dense'))} "
-            f"{fmt(b.get('flex_fwd')):>10} {r['sdpa_over_ideal']:>9.2f}x {dense_ratio:>10}"
-        )
+        w = r["best_wall_s"]
+        cells = [
+            r["docs"], r["L"], r["n_docs"], f"{r['pair_fraction']:.3f}", r["sdpa_calls"],
+            fmt_ms(w["sdpa"]), fmt_ms(w["ideal"]), fmt_ms(w.get("dense")),
+            fmt_ms(w.get("flex_fwd")),
+            f"{fmt_x(r['sdpa_over_ideal_wall'])} [{fmt_x(r['sdpa_over_ideal_cpu'])}]",
+            f"{fmt_x(r['dense_over_sdpa_wall'])} [{fmt_x(r['dense_over_sdpa_cpu'])}]",
+        ]  # fmt: skip
+        print(" ".join(f"{str(c):>{width}}" for c, (_, width) in zip(cells, cols, strict=True)))
+
+
+# (name, lognormal median, sigma, which L) -- sizes None = all
+DOC_SETS = [("med600 s1.0", 600, 1.0, None), ("med600 s0.5", 600, 0.5, None),
+            ("med30 s1.0", 30, 1.0, (8192, 32768, 65536))]  # fmt: skip
 
 
 def main() -> None:
@@ -180,18 +215,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    sizes = [4096, 8192] if args.quick else [4096, 8192, 16384, 32768, 65536]
-    rounds = 2 if args.quick else args.rounds
+    sizes = (4096, 8192) if args.quick else (4096, 8192, 16384, 32768, 65536)
+    if args.quick:
+        args.rounds = 2
     rows = []
-    for docs, median in (("med600", 600), ("med30", 30)):
-        for length in sizes if docs == "med600" else sizes[-2:]:
-            lengths = lognormal_lengths(length, median, sigma=1.0, seed=length)
-            row = {
-                "docs": docs,
-                **bench_case(length, lengths, rounds, args.dense_max, args.flex_max),
-            }
-            rows.append(row)
-            print(f"done {docs} L={length}", flush=True)
+    for name, median, sigma, only in DOC_SETS:
+        for length in (n for n in sizes if only is None or n in only):
+            lengths = lognormal_lengths(length, median, sigma, seed=length)
+            rows.append({"docs": name, **bench_case(length, lengths, args)})
+            print(f"done {name} L={length}", flush=True)
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     config = {
@@ -200,9 +232,10 @@ def main() -> None:
         "D": D,
         "B": 1,
         "dtype": "float32",
-        "threads": 2,
-        "lengths": "lognormal sigma=1, clipped to L",
-        "rounds": rounds,
+        "threads": torch.get_num_threads(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+        "lengths": "lognormal(median, sigma) per doc set, last document cut to fill L",
+        "rounds": args.rounds,
         "torch": torch.__version__,
         "machine": platform.machine(),
         "load_average_at_end": os.getloadavg(),
