@@ -189,9 +189,14 @@ def test_ablation_multirun_offline_wandb(tmp_path):
     toggles = {(c.data.reset_position_ids, c.data.document_mask) for c in configs}
     assert toggles == {(True, True), (True, False), (False, True), (False, False)}
     assert {c.group for c in configs} == {"position_ablation"}
-    for offline_run in runs:  # the resolved config went to W&B with the group
-        meta = (offline_run / "files" / "config.yaml").read_text()
-        assert "position_ablation" in meta and "reset_position_ids" in meta
+    # the resolved config went to W&B with each run: group and toggles
+    from longctx.analysis import wandb_file_config
+
+    logged = [wandb_file_config(next(r.glob("*.wandb"))) for r in runs]
+    assert {c["group"] for c in logged} == {"position_ablation"}
+    assert {
+        (c["data"]["reset_position_ids"], c["data"]["document_mask"]) for c in logged
+    } == toggles
 
 
 def test_unknown_key_is_named(tmp_path):
