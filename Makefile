@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup train test lint format bench clean
+.PHONY: setup train test lint format bench clean slurm slurm-stop
 
 setup: $(VENV)/.installed
 
@@ -13,10 +13,24 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 train: setup
 	$(PY) train.py $(ARGS)
 
+# The slurm-marked tests need a local SLURM: `make test` starts one (scripts/slurm/local_cluster.sh,
+# root; Debian packages installed if missing) unless one is already up, and stops it afterwards.
+# If it cannot start, the slurm tests skip and say why.
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@up=0; bash scripts/slurm/local_cluster.sh status >/dev/null 2>&1 && up=1; \
+	if [ $$up = 0 ]; then bash scripts/slurm/local_cluster.sh start \
+	  || echo "make test: local SLURM did not start; the slurm tests will skip"; fi; \
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$up = 0 ]; then bash scripts/slurm/local_cluster.sh stop; fi; exit $$rc
+
+# a single-host SLURM on this machine (idempotent), and its stop
+slurm:
+	bash scripts/slurm/local_cluster.sh start
+
+slurm-stop:
+	bash scripts/slurm/local_cluster.sh stop
 
 format: setup
 	$(VENV)/bin/ruff check --fix .
