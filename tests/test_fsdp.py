@@ -57,7 +57,9 @@ def test_fsdp_two_processes_equal_one_process(tmp_path):
 @pytest.mark.slow
 def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path):
     ckpt, mid, end = tmp_path / "last.ckpt", tmp_path / "mid.pt", tmp_path / "end.pt"
-    run_script("--devices", "2", "--steps", "2", "--out", str(mid), "--save", str(ckpt), "--momentum")
+    run_script(
+        "--devices", "2", "--steps", "2", "--out", str(mid), "--save", str(ckpt), "--momentum"
+    )
     shards = sorted(p.name for p in ckpt.iterdir())
     assert ckpt.is_dir() and "__0_0.distcp" in shards and "__1_0.distcp" in shards, shards
     assert not list(tmp_path.glob(".last.ckpt.*")), "temporary checkpoint folder left behind"
