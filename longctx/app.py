@@ -19,7 +19,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.checkpoint import AtomicCheckpointIO, auto_resume_path, resolve_ckpt_path
-from longctx.distributed.slurm import PREEMPTED_MARKER, slurm_job_label, slurm_plugins
+from longctx.distributed.slurm import (
+    PREEMPTED_MARKER,
+    checked_num_nodes,
+    slurm_job_label,
+    slurm_plugins,
+)
 from longctx.loggers import make_loggers
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import resolve_backend
@@ -59,6 +64,9 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("longctx_run_dir"):
         # cached: Hydra may resolve the run folder more than once; it must not change
         OmegaConf.register_new_resolver("longctx_run_dir", run_dir, use_cache=True)
+    if not OmegaConf.has_resolver("longctx_slurm_nodes"):
+        # conf/hydra/launcher/slurm.yaml: refuse a node count / partition the cluster lacks
+        OmegaConf.register_new_resolver("longctx_slurm_nodes", checked_num_nodes)
 
 
 # ------------------------------------------------------------------------ preflight

@@ -141,7 +141,7 @@ def test_ablation_sweep_is_a_job_array(tmp_path):
         tmp_path,
         timeout=600,
     )  # fmt: skip
-    job_dirs = sorted(p.name for p in (tmp_path / "multirun").rglob(".submitit/*_*"))
+    job_dirs = sorted(p.name for p in (tmp_path / "multirun").rglob(".submitit/*_*") if p.is_dir())
     array_ids = {d.split("_")[0] for d in job_dirs}
     assert len(array_ids) == 1 and sorted(d.split("_")[1] for d in job_dirs) == list("0123"), (
         job_dirs
@@ -181,8 +181,10 @@ def test_preempted_job_requeues_and_resumes_exactly(tmp_path):
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, log[-3000:])
     assert "requeued SLURM job" in log and "resuming a preempted / requeued run" in log, log[-3000:]
-    stopped = [int(s) for s in re.findall(r"rank 0/1 stopped at step (\d+)", log)]
-    assert len(stopped) == 2 and 5 <= stopped[0] < 30 and stopped[1] == 30, stopped
+    # SLURM kills the first run soon after `scontrol requeue`; its checkpoint was complete
+    saved = [int(s) for s in re.findall(r"saved \S+ at step (\d+); stopping", log)]
+    assert len(saved) == 1 and 5 <= saved[0] < 30, log[-3000:]
+    assert "longctx: rank 0/1 stopped at step 30" in log
     assert not (run_dir / "checkpoints" / "PREEMPTED").exists()  # the finished run dropped it
     a, b = final_params(tmp_path / "outputs" / "train" / "uninterrupted"), final_params(run_dir)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -192,8 +194,8 @@ def test_preempted_job_requeues_and_resumes_exactly(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("hydra.launcher.partition=no_such_partition", "invalid partition"),
-        ("trainer.num_nodes=3", "node configuration is not available"),
+        ("hydra.launcher.partition=no_such_partition", "partition=no_such_partition: no such"),
+        ("trainer.num_nodes=3", "trainer.num_nodes=3 (hydra.launcher.nodes), but slurm partition"),
     ],
 )
 def test_unsatisfiable_submission_is_a_clear_error(override, message, tmp_path):
@@ -218,7 +220,8 @@ def test_sbatch_too_many_nodes_is_refused_at_submission(tmp_path):
         text=True,
         timeout=60,
     )
-    assert proc.returncode != 0 and "node configuration is not available" in proc.stderr.lower()
+    # local_cluster.sh sets EnforcePartLimits=ALL: SLURM itself refuses, nothing is queued
+    assert proc.returncode != 0 and "node count specification invalid" in proc.stderr.lower()
     assert not (tmp_path / "outputs").exists()
 
 
@@ -301,11 +304,11 @@ def test_launcher_config_composes(tmp_path):
     from longctx.app import register_resolvers
 
     register_resolvers()
-    overrides = ["hydra/launcher=slurm", "trainer=ddp", "trainer.num_nodes=4", "trainer.devices=8"]
+    overrides = ["hydra/launcher=slurm", "trainer=ddp", "trainer.num_nodes=1", "trainer.devices=8"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=overrides, return_hydra_config=True)
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
     assert launcher["_target_"].endswith("SlurmLauncher")
     cfg.hydra.runtime.output_dir = str(tmp_path)  # what Hydra fills in at run time
-    assert (cfg.hydra.launcher.nodes, cfg.hydra.launcher.tasks_per_node) == (4, 8)
+    assert (cfg.hydra.launcher.nodes, cfg.hydra.launcher.tasks_per_node) == (1, 8)
     assert cfg.hydra.launcher.additional_parameters.signal == "USR1@90"

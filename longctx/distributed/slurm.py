@@ -10,6 +10,7 @@ the app therefore passes ``SLURMEnvironment(auto_requeue=False)`` and SaveOnSign
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 # written into the run folder when a job was requeued after a checkpoint: the next start of
@@ -60,3 +61,51 @@ def requeue_job(timeout: float = 60) -> str:
             f"scontrol requeue {job} failed ({proc.returncode}): {proc.stderr.strip()}"
         )
     return job
+
+
+def partition_nodes() -> tuple[dict[str, int], str | None] | None:
+    """{partition: node count} and the default partition, from sinfo; None without a cluster."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        proc = subprocess.run(
+            ["sinfo", "-h", "-a", "-o", "%P %D"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    counts: dict[str, int] = {}
+    default = None
+    for line in proc.stdout.split("\n"):
+        if line.strip():
+            name, count = line.split()
+            if name.endswith("*"):
+                name = default = name[:-1]
+            counts[name] = counts.get(name, 0) + int(count)
+    return counts, default
+
+
+def checked_num_nodes(nodes, partition=None) -> int:
+    """hydra.launcher.nodes: trainer.num_nodes, refused before submission when the partition
+    does not exist or has fewer nodes (SLURM would otherwise queue the job forever unless the
+    cluster sets EnforcePartLimits). Unchecked where sinfo cannot reach a cluster."""
+    nodes = int(nodes)
+    if nodes < 1:
+        raise ValueError(f"trainer.num_nodes={nodes}: must be >= 1")
+    found = partition_nodes()
+    if found is None:
+        return nodes
+    counts, default = found
+    name = partition or default
+    if name not in counts:
+        raise ValueError(
+            f"hydra.launcher.partition={partition}: no such SLURM partition; this cluster has "
+            f"{sorted(counts)}"
+        )
+    if nodes > counts[name]:
+        raise ValueError(
+            f"trainer.num_nodes={nodes} (hydra.launcher.nodes), but SLURM partition {name!r} has "
+            f"only {counts[name]} node(s)"
+        )
+    return nodes

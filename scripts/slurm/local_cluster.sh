@@ -61,6 +61,8 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
+# refuse at submission a job the partition can never run (instead of queueing it forever)
+EnforcePartLimits=ALL
 SlurmctldPidFile=$RUN_DIR/slurmctld.pid
 SlurmdPidFile=$RUN_DIR/slurmd.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
