@@ -97,3 +97,25 @@ def test_swap_into_place_replaces_a_folder_whole(tmp_path):
     swap_into_place(tmp, final)
     assert sorted(p.name for p in final.iterdir()) == ["new_shard"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+@pytest.mark.slow
+def test_train_py_fsdp_two_ranks_then_resume_on_one(tmp_path):
+    """The app end to end: trainer=fsdp writes a sharded last.ckpt folder (with the data
+    position); ckpt_path=last continues it on one rank."""
+    from helpers import FAST, run_train
+
+    common = [*FAST, "trainer=fsdp", "trainer.accelerator=cpu", "run_name=sharded",
+              "trainer.val_check_interval=4", "callbacks.checkpoint.every_n_train_steps=2"]  # fmt: skip
+    run_train([*common, "trainer.devices=2", "trainer.max_steps=4"], tmp_path, timeout=600)
+    last = tmp_path / "outputs" / "train" / "sharded" / "checkpoints" / "last.ckpt"
+    assert last.is_dir() and {"__0_0.distcp", "__1_0.distcp", "meta.pt"} <= {
+        p.name for p in last.iterdir()
+    }
+    meta = torch.load(last / "meta.pt", weights_only=False)  # non-tensor state, rank 0
+    assert meta["global_step"] == 4 and "LongCtxDataModule" in meta, sorted(meta)
+    proc = run_train(
+        [*common, "trainer.devices=1", "trainer.max_steps=6", "ckpt_path=last"], tmp_path
+    )
+    assert "longctx: rank 0/1 stopped at step 6" in proc.stdout, proc.stdout[-2000:]
+    assert torch.load(last / "meta.pt", weights_only=False)["global_step"] == 6
