@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from longctx.checkpoint import AtomicCheckpointIO, auto_resume_path, resolve_ckpt_path
 from longctx.distributed.slurm import (
     PREEMPTED_MARKER,
+    check_master_address,
     checked_num_nodes,
     slurm_job_label,
     slurm_plugins,
@@ -165,6 +166,10 @@ def instantiate_config(group: str, node: DictConfig):
 def preflight(cfg: DictConfig, model_config: LlamaConfig, seq_len: int) -> torch.device:
     device = training_device(cfg.trainer)
     check_devices(cfg.trainer, device)
+    try:
+        check_master_address()
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     check_backend(model_config, seq_len, device)
     if not cfg.dry_run:
         check_memory(model_config, cfg.trainer, device)

@@ -100,9 +100,11 @@ def test_swap_into_place_replaces_a_folder_whole(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_py_fsdp_two_ranks_then_resume_on_one(tmp_path):
+def test_train_py_fsdp_sharded_checkpoint_resumes(tmp_path):
     """The app end to end: trainer=fsdp writes a sharded last.ckpt folder (with the data
-    position); ckpt_path=last continues it on one rank."""
+    position) and ckpt_path=last continues it. The data stream's position is per rank, so the
+    app resumes on the same world size (the datamodule refuses another one, by name); the
+    weights alone reshard (test_two_rank_checkpoint_resumes_on_one_rank)."""
     from helpers import FAST, run_train
 
     common = [*FAST, "trainer=fsdp", "trainer.accelerator=cpu", "run_name=sharded",
@@ -115,7 +117,7 @@ def test_train_py_fsdp_two_ranks_then_resume_on_one(tmp_path):
     meta = torch.load(last / "meta.pt", weights_only=False)  # non-tensor state, rank 0
     assert meta["global_step"] == 4 and "LongCtxDataModule" in meta, sorted(meta)
     proc = run_train(
-        [*common, "trainer.devices=1", "trainer.max_steps=6", "ckpt_path=last"], tmp_path
+        [*common, "trainer.devices=2", "trainer.max_steps=6", "ckpt_path=last"], tmp_path
     )
-    assert "longctx: rank 0/1 stopped at step 6" in proc.stdout, proc.stdout[-2000:]
+    assert "longctx: rank 0/2 stopped at step 6" in proc.stdout, proc.stdout[-2000:]
     assert torch.load(last / "meta.pt", weights_only=False)["global_step"] == 6

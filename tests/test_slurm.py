@@ -314,3 +314,13 @@ def test_launcher_config_composes(tmp_path):
     cfg.hydra.runtime.output_dir = str(tmp_path)  # what Hydra fills in at run time
     assert (cfg.hydra.launcher.nodes, cfg.hydra.launcher.tasks_per_node) == (1, 8)
     assert cfg.hydra.launcher.additional_parameters.signal == "USR1@90"
+
+
+def test_unresolvable_master_address_is_a_clear_error(tmp_path, monkeypatch):
+    from helpers import FAST
+
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    proc = run_train([*FAST, "trainer.max_steps=2", "run_name=nomaster"], tmp_path, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "MASTER_ADDR=no-such-host.invalid: the rendezvous host does not resolve" in proc.stderr
+    assert not list(tmp_path.rglob("*.ckpt"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 
 # written into the run folder when a job was requeued after a checkpoint: the next start of
@@ -109,3 +110,18 @@ def checked_num_nodes(nodes, partition=None) -> int:
             f"only {counts[name]} node(s)"
         )
     return nodes
+
+
+def check_master_address() -> None:
+    """MASTER_ADDR (set by hand, or by a launcher) must at least resolve: an unresolvable
+    rendezvous host would otherwise hang every rank until the process-group timeout."""
+    address = os.environ.get("MASTER_ADDR")
+    if not address:
+        return
+    try:
+        socket.getaddrinfo(address, None)
+    except (socket.gaierror, UnicodeError) as err:
+        raise ValueError(
+            f"MASTER_ADDR={address}: the rendezvous host does not resolve ({err}); unset it "
+            "under SLURM (Lightning takes the first node of the allocation) or fix the name"
+        ) from err
