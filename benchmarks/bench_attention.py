@@ -81,17 +81,17 @@ def run_ideal_loop(batch, q, k, v, grad_out, docs):
 
 def run_split_loop(batch, q, k, v, grad_out, lengths):
     """A plain per-document loop: split views of q/k/v, one SDPA call per document, cat the
-    outputs, one backward. Pays what the backend pays to assemble the gradients, and a call
-    per document."""
-    q_docs, k_docs, v_docs = (x[0].split(lengths) for x in (q, k, v))  # [n, heads, D] each
+    outputs, one backward. Pays what the backend pays to assemble the output and gradients,
+    and one call per document."""
+    q_docs, k_docs, v_docs = (x.split(lengths, dim=1) for x in (q, k, v))  # [1, n, heads, D]
     outs = [
         F.scaled_dot_product_attention(
-            qd.transpose(0, 1), kd.transpose(0, 1), vd.transpose(0, 1), is_causal=True,
+            qd.transpose(1, 2), kd.transpose(1, 2), vd.transpose(1, 2), is_causal=True,
             enable_gqa=True,
-        ).transpose(0, 1)
+        ).transpose(1, 2)  # 4-D: a 3-D [heads, n, D] input takes a much slower CPU path
         for qd, kd, vd in zip(q_docs, k_docs, v_docs, strict=True)
     ]  # fmt: skip
-    torch.cat(outs).backward(grad_out[0])
+    torch.cat(outs, dim=1).backward(grad_out)
 
 
 def per_document_views(q, k, v, grad_out, lengths):
