@@ -291,18 +291,20 @@ def main(argv=None) -> int:
         return 2
     setup = CPU_SMOKE if args.cpu_smoke else GPU
     print(json.dumps(environment()), flush=True)
-    rows = []
-    for length in setup.lengths:
-        rows += bench_attention(length, setup)
-        print(f"attention L={length} done", flush=True)
-        if not args.skip_model:
-            rows += bench_model(length, setup)
-            print(f"train step L={length} done", flush=True)
-    out = results_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    name = "gpu_bench_cpu_smoke.json" if args.cpu_smoke else "gpu_bench.json"
-    (out / name).write_text(json.dumps({"env": environment(), "rows": rows}, indent=1))
-    print(f"wrote {out / name}")
+    out = results_dir() / ("gpu_bench_cpu_smoke.json" if args.cpu_smoke else "gpu_bench.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    stages = [(bench_attention, length) for length in setup.lengths]
+    if not args.skip_model:
+        stages += [(bench_model, length) for length in setup.lengths]
+    try:
+        for stage, length in stages:  # attention first: it is the cheaper, more vital half
+            rows += stage(length, setup)
+            out.write_text(json.dumps({"env": environment(), "rows": rows}, indent=1))
+            print(f"{stage.__name__} L={length} done; wrote {out}", flush=True)
+    except KeyboardInterrupt:  # gpu_check.sh's timeout sends SIGINT: report what finished
+        print("interrupted: the table below holds the stages that finished")
+        rows.append({"bench": "interrupted", "L": 0, "error": "time limit reached"})
     print_table(rows)
     return 1 if any("error" in r for r in rows) else 0
 
