@@ -21,6 +21,6 @@ export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
   "trainer.max_steps=$STEPS" "trainer.val_check_interval=$VAL_EVERY" \
   "optim.scheduler.warmup_steps=$((STEPS / 10))" "$@"
 
-latest="$(ls -d "$ROOT"/multirun/train/position_ablation_* | sort | tail -1)"
+latest="$(ls -d "$ROOT"/multirun/train/* | sort | tail -1)"
 "$PY" -m longctx.analysis "$latest" --out docs/ablation.png --title \
   "position ablation: tiny model, seq_len $SEQ_LEN, $ROWS row(s) x $STEPS steps per arm (CPU)"
