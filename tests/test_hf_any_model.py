@@ -306,7 +306,6 @@ def test_compose_model_hf(tmp_path):
 def test_train_py_model_hf(tmp_path):
     path = save_family("qwen2", tmp_path / "ckpt")
     args = ["model=hf", f"model.path={path}", "model.attn_backend=sdpa", *FAST]
-    args += ["~callbacks.progress"]  # FAST turns the progress bar off
     args += ["run_name=hf", "data.reset_position_ids=false", "trainer.max_steps=4"]
     run_train(args, tmp_path)
     with open(tmp_path / "outputs" / "train" / "hf" / "csv" / "metrics.csv") as f:
