@@ -32,10 +32,12 @@ def build_document_block_mask(batch: PackedBatch, block_size: int = FLEX_BLOCK_S
     """Document-causal BlockMask with B = batch rows and one head slot (shared by all heads)."""
     b, length = batch.shape
     n_blocks = -(-length // block_size)
-    # doc ids padded to a whole number of blocks; the pad gets id -1 (its own "document")
-    doc_ids_BN = torch.full((b, n_blocks * block_size), -1, dtype=torch.int64, device=_dev(batch))
-    doc_ids_BN[:, :length] = batch.doc_ids
-    tiles = doc_ids_BN.view(b, n_blocks, block_size)
+    # doc ids padded to P = n_blocks * block_size tokens; the pad gets id -1 (its own document)
+    doc_ids_BP = torch.full(
+        (b, n_blocks * block_size), -1, dtype=torch.int64, device=batch.tokens.device
+    )
+    doc_ids_BP[:, :length] = batch.doc_ids
+    tiles = doc_ids_BP.view(b, n_blocks, block_size)
     # ids increase along a row and the pad's -1 is smallest, so amax is a tile's last real id
     first_BN, last_BN = tiles[..., 0], tiles.amax(-1)
     partial_BQK, full_BQK = _classify_tiles(first_BN, last_BN)
@@ -50,13 +52,9 @@ def build_document_block_mask(batch: PackedBatch, block_size: int = FLEX_BLOCK_S
         full_num,
         full_idx,
         BLOCK_SIZE=block_size,
-        mask_mod=document_causal_mask_mod(doc_ids_BN),
+        mask_mod=document_causal_mask_mod(doc_ids_BP),
         seq_lengths=(length, length),
     )
-
-
-def _dev(batch: PackedBatch) -> torch.device:
-    return batch.tokens.device
 
 
 def _classify_tiles(first_BN: Tensor, last_BN: Tensor) -> tuple[Tensor, Tensor]:
@@ -84,11 +82,11 @@ def _as_block_lists(tiles_BQK: Tensor) -> tuple[Tensor, Tensor]:
     return num_B1Q, idx_B1QK.to(torch.int32)[:, None]
 
 
-def document_causal_mask_mod(doc_ids_BN: Tensor):
+def document_causal_mask_mod(doc_ids_BP: Tensor):
     """mask_mod: query q may see key kv iff both lie in one document and kv <= q."""
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (doc_ids_BN[b, q_idx] == doc_ids_BN[b, kv_idx]) & (q_idx >= kv_idx)
+        return (doc_ids_BP[b, q_idx] == doc_ids_BP[b, kv_idx]) & (q_idx >= kv_idx)
 
     return mask_mod
 
