@@ -145,6 +145,11 @@ class PackedBatch:
     def shape(self) -> tuple[int, int]:
         return tuple(self.tokens.shape)
 
+    @property
+    def row_len(self) -> int:
+        """Tokens per whole row: L here; a ContextShard holds two chunks of each row."""
+        return self.shape[1]
+
     @cached_property
     def cu_seqlens(self) -> Tensor:
         """int32 [num_segments + 1] cumulative lengths over the flattened B*L tokens."""
@@ -219,13 +224,114 @@ class PackedBatch:
 
     def _map(self, fn) -> PackedBatch:
         """Apply fn to every tensor, keeping already-derived values (no recomputation)."""
-        fields = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out = object.__new__(type(self))  # skip re-validation: the values are unchanged
         out.__dict__.update(
             {k: fn(v) if isinstance(v, Tensor) else v for k, v in self.__dict__.items()}
         )
-        out.__dict__.update(fields)
         return out
+
+    # ------------------------------------------------------- context parallelism
+    def context_shard(self, rank: int, size: int, group=None) -> ContextShard:
+        """Rank ``rank``'s share of every row when ``size`` ranks split each row.
+
+        A row is cut into 2*size chunks of c = L / (2*size) tokens and the rank takes chunks
+        ``rank`` and ``2*size-1-rank``: an early chunk (little causal work) paired with a late
+        one (much), so every rank does about the same attention work. Tokens, labels and
+        position ids are sliced with the chunks; segments are cut at the chunk edges into
+        pieces, and every piece records how many tokens of its document precede it on other
+        chunks: the keys it must fetch from other ranks. Documents may have any length and
+        cross any chunk edge. ``group``: the process group of the ``size`` ranks (rank order
+        = chunk order), needed by the model to gather keys and values when size > 1.
+        """
+        b, length = self.shape
+        _check_context_split(rank, size, length)
+        c = length // (2 * size)
+        chunks = [(rank * c, (rank + 1) * c), ((2 * size - 1 - rank) * c, (2 * size - rank) * c)]
+        local_idx = torch.cat([torch.arange(lo, hi) for lo, hi in chunks])
+        pieces = [_chunk_pieces(row[row > 0], chunks) for row in self.seq_lens.cpu().numpy()]
+        width = max(len(lens) for lens, _ in pieces)
+        lens, prefixes = (
+            torch.tensor([p[i] + [0] * (width - len(p[i])) for p in pieces], dtype=torch.int32)
+            for i in (0, 1)
+        )
+        device = self.tokens.device
+        local_idx = local_idx.to(device)
+        return ContextShard(
+            tokens=self.tokens[:, local_idx],
+            labels=self.labels[:, local_idx],
+            position_ids=self.position_ids[:, local_idx],
+            seq_lens=lens.to(device),
+            key_prefix_lens=prefixes.to(device),
+            row_seq_lens=self.seq_lens,
+            cp_rank=rank,
+            cp_size=size,
+            group=group,
+        )
+
+
+@dataclasses.dataclass
+class ContextShard(PackedBatch):
+    """One rank's share of a PackedBatch under context parallelism (PackedBatch.context_shard).
+
+    tokens, labels, position_ids [B, 2c]  chunks cp_rank and 2*cp_size-1-cp_rank of each row
+    seq_lens        [B, S]   the local tokens cut into pieces: a segment's tokens in one chunk
+    key_prefix_lens [B, S]   tokens of each piece's segment that precede the piece in the row
+    row_seq_lens    [B, S']  the whole rows' segment lengths
+    group                    process group of the cp_size ranks (None when cp_size == 1)
+
+    Attention: a local query attends causally to its own piece and to its segment's earlier
+    tokens, which may live on other ranks' chunks (``key_prefix_lens`` of them).
+    """
+
+    key_prefix_lens: Tensor
+    row_seq_lens: Tensor
+    cp_rank: int
+    cp_size: int
+    group: object = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.key_prefix_lens.shape != self.seq_lens.shape:
+            raise ValueError(
+                f"key_prefix_lens has shape {tuple(self.key_prefix_lens.shape)}, expected the "
+                f"shape of seq_lens {tuple(self.seq_lens.shape)}"
+            )
+        _check_context_split(self.cp_rank, self.cp_size, self.row_len)
+
+    @property
+    def chunk_len(self) -> int:
+        return self.shape[1] // 2
+
+    @property
+    def row_len(self) -> int:
+        return self.chunk_len * 2 * self.cp_size
+
+    @cached_property
+    def global_index(self) -> Tensor:
+        """int64 [2c]: the row position of each local token."""
+        c, r, n = self.chunk_len, self.cp_rank, self.cp_size
+        starts = torch.tensor([r * c, (2 * n - 1 - r) * c], device=self.tokens.device)
+        return (starts[:, None] + torch.arange(c, device=self.tokens.device)).flatten()
+
+    @cached_property
+    def row_doc_ids(self) -> Tensor:
+        """int64 [B, row_len]: the segment index of every token of the whole rows."""
+        b, s = self.row_seq_lens.shape
+        ids = torch.arange(s, device=self.row_seq_lens.device).repeat(b)
+        return ids.repeat_interleave(self.row_seq_lens.flatten().long()).view(b, self.row_len)
+
+    def to_dense_mask(self) -> Tensor:
+        """bool [B, 2c, row_len], True where local query i may attend to row key j."""
+        if self.row_len > DENSE_MASK_MAX_LEN:
+            raise ValueError(
+                f"to_dense_mask() refuses row_len={self.row_len} > {DENSE_MASK_MAX_LEN}: the mask "
+                "is quadratic in memory; it is a test reference"
+            )
+        q_pos = self.global_index.to(self.row_doc_ids.device)
+        q_doc = self.row_doc_ids[:, q_pos]
+        same_doc = q_doc[:, :, None] == self.row_doc_ids[:, None, :]
+        keys = torch.arange(self.row_len, device=q_pos.device)
+        return same_doc & (keys[None, :] <= q_pos[:, None])
 
 
 # --------------------------------------------------------------------------- helpers
@@ -348,6 +454,33 @@ def _with_remainder_segment(seq_lens: Tensor, tokens_shape: torch.Size) -> Tenso
         rows.append(kept + [length - sum(kept)] if sum(kept) < length else kept)
     width = max(len(r) for r in rows)
     return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+
+
+def _check_context_split(rank: int, size: int, length: int) -> None:
+    for name, value in (("rank", rank), ("size", size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"context parallel {name}={value!r}; expected an int")
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(
+            f"context parallel rank={rank}, size={size}; expected size >= 1, 0 <= rank < size"
+        )
+    if length % (2 * size):
+        raise ValueError(
+            f"a row of L={length} tokens cannot be split over context parallel size {size}: "
+            f"L must be a multiple of 2*size={2 * size} (each rank takes two equal chunks)"
+        )
+
+
+def _chunk_pieces(row_lens: np.ndarray, chunks: list[tuple[int, int]]):
+    """(piece lengths, key prefix lengths) of a row's segments cut at the chunks' edges."""
+    ends = np.cumsum(row_lens)
+    lens, prefixes = [], []
+    for lo, hi in chunks:
+        bounds = np.concatenate(([lo], ends[(ends > lo) & (ends < hi)], [hi]))
+        first = int(np.searchsorted(ends, lo, side="right"))  # the segment holding token lo
+        lens += np.diff(bounds).tolist()
+        prefixes += [lo - int(ends[first] - row_lens[first])] + [0] * (len(bounds) - 2)
+    return lens, prefixes
 
 
 def _check_tensor(name: str, t: Tensor, ndim: int) -> None:

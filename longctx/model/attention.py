@@ -23,14 +23,21 @@ import math
 import torch
 from torch import Tensor
 
-from longctx.batch import DENSE_MASK_MAX_LEN, PackedBatch
+from longctx.batch import DENSE_MASK_MAX_LEN, ContextShard, PackedBatch
 from longctx.model.attention_flash import (
     FLASH_DTYPES,
     available_flash_impls,
     flash_attn_importable,
+    flash_varlen,
     flash_varlen_attention,
 )
 from longctx.model.attention_sdpa import SdpaPlan, build_sdpa_plan, sdpa_attention
+from longctx.model.context_parallel import (
+    ContextMetadata,
+    build_context_metadata,
+    gather_row,
+    splice_prefixed_pieces,
+)
 
 ATTENTION_BACKENDS = ("flash", "flex", "sdpa", "eager")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -66,7 +73,9 @@ class AttentionMetadata:
     """What one backend needs from a PackedBatch; built once per forward, shared by layers.
 
     Only the fields of ``backend`` are set. Shapes: cu_seqlens int32 [num_segments + 1] over
-    the flattened B*L tokens; dense_mask bool [B, 1, L, L].
+    the flattened B*L tokens; dense_mask bool [B, 1, L, L]. For a ContextShard, L is the local
+    length 2c, segments are the shard's pieces, keys span the whole row (dense_mask
+    [B, 1, 2c, row_len]) and ``context`` holds what the gathered keys need.
     """
 
     backend: str
@@ -79,6 +88,7 @@ class AttentionMetadata:
     block_mask: object | None = None  # flex: torch.nn.attention.flex_attention.BlockMask
     sdpa_plan: SdpaPlan | None = None  # sdpa: document buckets and their gather/scatter indices
     dense_mask: Tensor | None = None  # eager
+    context: ContextMetadata | None = None  # context parallelism (a ContextShard)
 
 
 def build_attention_metadata(batch: PackedBatch, backend: str) -> AttentionMetadata:
@@ -91,6 +101,8 @@ def build_attention_metadata(batch: PackedBatch, backend: str) -> AttentionMetad
     _check_batch_on_one_device(batch)
     b, length = batch.shape
     meta = AttentionMetadata(backend, b, length, batch.tokens.device)
+    if isinstance(batch, ContextShard):
+        meta.context = build_context_metadata(batch, backend)
     _METADATA_BUILDERS[backend](batch, meta)
     return meta
 
@@ -105,14 +117,18 @@ def _flash_metadata(batch: PackedBatch, meta: AttentionMetadata) -> None:
 
 
 def _flex_metadata(batch: PackedBatch, meta: AttentionMetadata) -> None:
-    from longctx.model.attention_flex import build_document_block_mask
+    from longctx.model.attention_flex import build_context_block_mask, build_document_block_mask
 
-    if meta.device.type == "cpu" and meta.seq_len > DENSE_MASK_MAX_LEN:
+    key_len = meta.context.row_len if meta.context else meta.seq_len
+    if meta.device.type == "cpu" and key_len > DENSE_MASK_MAX_LEN:
         raise ValueError(
             f"attn_backend='flex' on CPU runs uncompiled, which materialises the [B, H, L, L] "
-            f"scores; it refuses L={meta.seq_len} > {DENSE_MASK_MAX_LEN}. Use 'sdpa' on CPU."
+            f"scores; it refuses L={key_len} > {DENSE_MASK_MAX_LEN}. Use 'sdpa' on CPU."
         )
-    meta.block_mask = build_document_block_mask(batch)
+    if meta.context:
+        meta.block_mask = build_context_block_mask(batch)
+    else:
+        meta.block_mask = build_document_block_mask(batch)
 
 
 def _sdpa_metadata(batch: PackedBatch, meta: AttentionMetadata) -> None:
@@ -146,6 +162,8 @@ def _check_batch_on_one_device(batch: PackedBatch) -> None:
 def attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
     """Document-causal attention. q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D] (q dtype)."""
     _check_qkv(q, k, v, meta)
+    if meta.context is not None:
+        return context_attention(q, k, v, meta)
     if meta.backend == "flash":
         return flash_varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, meta.flash_impl)
     if meta.backend == "flex":
@@ -155,6 +173,43 @@ def attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tenso
     if meta.backend == "sdpa":
         return sdpa_attention(q, k, v, meta.sdpa_plan)
     return eager_attention(q, k, v, meta.dense_mask)
+
+
+def context_attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
+    """Local queries [B, 2c, H, D] against the whole rows' keys, gathered from the group."""
+    ctx = meta.context
+    k_row, v_row = (gather_row(x, ctx.group, ctx.size) for x in (k, v))
+    return attention_over_row(q, k, v, k_row, v_row, meta)
+
+
+def attention_over_row(
+    q: Tensor, k: Tensor, v: Tensor, k_row: Tensor, v_row: Tensor, meta: AttentionMetadata
+) -> Tensor:
+    """The shard's queries q [B, 2c, H, D] given its own keys k, v [B, 2c, Hkv, D] and the
+    whole rows' keys k_row, v_row [B, L, Hkv, D]; the gather's consumer, separate for tests."""
+    ctx = meta.context
+    if meta.backend == "sdpa":  # local keys serve every piece whose document starts locally
+        out = sdpa_attention(q, k, v, meta.sdpa_plan)
+        return splice_prefixed_pieces(out, q, k_row, v_row, ctx)
+    if meta.backend == "flash":
+        b, length, h, d = q.shape
+        k_pieces, v_pieces = (
+            x.reshape(-1, *x.shape[2:]).index_select(0, ctx.key_index) for x in (k_row, v_row)
+        )
+        out_THD = flash_varlen(
+            q.reshape(b * length, h, d),
+            k_pieces,
+            v_pieces,
+            (meta.cu_seqlens, ctx.cu_seqlens_k),
+            (meta.max_seqlen, ctx.max_seqlen_k),
+            meta.flash_impl,
+        )
+        return out_THD.view(b, length, h, d)
+    if meta.backend == "flex":
+        from longctx.model.attention_flex import flex_document_attention
+
+        return flex_document_attention(q, k_row, v_row, meta.block_mask)
+    return eager_attention(q, k_row, v_row, meta.dense_mask)
 
 
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, dense_mask_B1LL: Tensor) -> Tensor:

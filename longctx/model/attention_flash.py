@@ -45,29 +45,47 @@ def flash_varlen_attention(
 ) -> Tensor:
     """q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D]; one causal sequence per segment."""
     b, length, h, d = q.shape
-    q_THD = q.reshape(b * length, h, d)  # T = B*L flat tokens, the layout cu_seqlens indexes
-    k_THD = k.reshape(b * length, k.shape[2], d)
-    v_THD = v.reshape(b * length, k.shape[2], d)
-    if impl == "flash_attn":
-        out_THD = _flash_attn_call(q_THD, k_THD, v_THD, cu_seqlens, max_seqlen)
-    elif impl == "torch_varlen":
-        out_THD = _torch_varlen_call(q_THD, k_THD, v_THD, cu_seqlens, max_seqlen)
-    else:
-        raise ValueError(
-            f"unknown flash implementation {impl!r}; expected 'flash_attn' or 'torch_varlen'"
-        )
+    out_THD = flash_varlen(
+        q.reshape(b * length, h, d),  # T = B*L flat tokens, the layout cu_seqlens indexes
+        k.reshape(b * length, k.shape[2], d),
+        v.reshape(b * length, k.shape[2], d),
+        (cu_seqlens, cu_seqlens),
+        (max_seqlen, max_seqlen),
+        impl,
+    )
     return out_THD.view(b, length, h, d)
 
 
-def _flash_attn_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int):
+def flash_varlen(
+    q_THD: Tensor,
+    k_SHD: Tensor,
+    v_SHD: Tensor,
+    cu_seqlens_qk: tuple[Tensor, Tensor],
+    max_seqlen_qk: tuple[int, int],
+    impl: str,
+) -> Tensor:
+    """Sequence i: queries cu_q[i]:cu_q[i+1] of q, keys cu_k[i]:cu_k[i+1] of k/v, causal.
+
+    Where a sequence has more keys than queries, the causal mask is aligned bottom-right (the
+    queries are the last keys), as flash-attn >= 2.1 does: context parallelism relies on it.
+    """
+    if impl == "flash_attn":
+        return _flash_attn_call(q_THD, k_SHD, v_SHD, cu_seqlens_qk, max_seqlen_qk)
+    if impl == "torch_varlen":
+        return _torch_varlen_call(q_THD, k_SHD, v_SHD, cu_seqlens_qk, max_seqlen_qk)
+    raise ValueError(
+        f"unknown flash implementation {impl!r}; expected 'flash_attn' or 'torch_varlen'"
+    )
+
+
+def _flash_attn_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_qk, max_seqlen_qk):
     from flash_attn import flash_attn_varlen_func  # lazy: optional GPU dependency
 
-    return flash_attn_varlen_func(
-        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True
-    )  # GQA is native: k/v may have fewer heads
+    # GQA is native: k/v may have fewer heads
+    return flash_attn_varlen_func(q, k, v, *cu_seqlens_qk, *max_seqlen_qk, causal=True)
 
 
-def _torch_varlen_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int):
+def _torch_varlen_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_qk, max_seqlen_qk):
     """torch's varlen_attn; its causal/GQA arguments changed across releases, so ask it."""
     fn = torch_varlen_attn()
     params = inspect.signature(fn).parameters
@@ -82,4 +100,4 @@ def _torch_varlen_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_
         kwargs["enable_gqa"] = True
     elif n_rep > 1:
         k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
-    return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
+    return fn(q, k, v, *cu_seqlens_qk, *max_seqlen_qk, **kwargs)

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from longctx.batch import PackedBatch
+from longctx.batch import ContextShard, PackedBatch
 
 FLEX_BLOCK_SIZE = 128
 
@@ -54,6 +54,40 @@ def build_document_block_mask(batch: PackedBatch, block_size: int = FLEX_BLOCK_S
         BLOCK_SIZE=block_size,
         mask_mod=document_causal_mask_mod(doc_ids_BP),
         seq_lengths=(length, length),
+    )
+
+
+def build_context_block_mask(shard: ContextShard, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
+    """Context parallelism: the shard's query tiles against the whole rows' key tiles.
+
+    The tiles are classified over the whole rows as above; the shard's query tiles are rows of
+    that map (its chunks are whole tiles), and the mask_mod maps local queries to row positions.
+    """
+    if shard.chunk_len % block_size:
+        raise ValueError(
+            f"attn_backend='flex' with context parallelism needs chunks of L/(2N) = "
+            f"{shard.chunk_len} tokens, a multiple of the block size {block_size}"
+        )
+    b, n_tiles = shard.shape[0], shard.row_len // block_size
+    tiles = shard.row_doc_ids.view(b, n_tiles, block_size)
+    partial_BQK, full_BQK = _classify_tiles(tiles[..., 0], tiles[..., -1])
+    q_tiles = (shard.global_index[::block_size] // block_size).to(tiles.device)
+    kv_num, kv_idx = _as_block_lists(partial_BQK[:, q_tiles])
+    full_num, full_idx = _as_block_lists(full_BQK[:, q_tiles])
+    row_pos, doc_ids = shard.global_index.to(tiles.device), shard.row_doc_ids
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        q_pos = row_pos[q_idx]
+        return (doc_ids[b, q_pos] == doc_ids[b, kv_idx]) & (q_pos >= kv_idx)
+
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(shard.shape[1], shard.row_len),
     )
 
 

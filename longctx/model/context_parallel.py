@@ -1,0 +1,191 @@
+"""Context parallelism: one packed row split over N ranks, documents masked exactly.
+
+Each rank holds chunks r and 2N-1-r of every row (``PackedBatch.context_shard``). Attention is
+the all-gather design of the Llama 3 paper: every layer gathers the whole row's K and V from the
+group (cheap with GQA: only the Hkv heads travel) and the rank's own queries attend to them under
+the document mask. The gather's backward is a reduce-scatter: each rank receives the K/V gradient
+of its own tokens summed over every rank's queries.
+
+What a local query sees: the keys of its own piece (causal) and, when its document began on an
+earlier chunk, the ``key_prefix_lens`` keys before the piece. Per backend:
+
+- ``sdpa``: the shard's pieces run through the usual per-document plan on the *local* K/V (exact
+  for every piece whose document starts in the chunk); the at most two pieces per row whose
+  document started earlier (one per chunk, at its first token) are then recomputed against the
+  gathered keys with a lower-right causal mask, in query blocks under checkpoint so no mask or
+  score matrix outlives its block, and spliced in.
+- ``flash``: varlen with separate query and key cu_seqlens; the keys of each piece are its
+  document's span of the gathered row, and the kernel's causal mask is aligned bottom-right.
+- ``flex``: a BlockMask of local query tiles against the row's key tiles.
+- ``eager``: the dense [B, 2c, L] mask (the reference, small L).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from longctx.batch import ContextShard
+
+# Elements of one query block's [q, k] mask in the sdpa path (4M: a 16 MB fp32 additive mask).
+MASK_BLOCK_ELEMENTS = 1 << 22
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextMetadata:
+    """The context-parallel part of AttentionMetadata (built once per forward).
+
+    prefixed: (flat query start, query length, flat key start, key length) of every piece whose
+        document began before it, over the local B*2c queries and the gathered B*L keys.
+    key_index / cu_seqlens_k / max_seqlen_k: flash only; the packed key spans of all pieces.
+    """
+
+    group: object
+    size: int
+    row_len: int
+    prefixed: tuple[tuple[int, int, int, int], ...] = ()
+    key_index: Tensor | None = None
+    cu_seqlens_k: Tensor | None = None
+    max_seqlen_k: int = 0
+
+
+def build_context_metadata(shard: ContextShard, backend: str) -> ContextMetadata:
+    if shard.cp_size > 1 and shard.group is None:
+        raise ValueError(
+            f"a ContextShard of cp_size={shard.cp_size} needs the process group of its ranks "
+            "(PackedBatch.context_shard(rank, size, group)) to gather keys and values"
+        )
+    spans = _piece_spans(shard)
+    meta = ContextMetadata(shard.group, shard.cp_size, shard.row_len)
+    if backend == "sdpa":
+        return dataclasses.replace(meta, prefixed=tuple(s for s in spans if s[1] != s[3]))
+    if backend == "flash":
+        key_lens = torch.tensor([s[3] for s in spans], dtype=torch.int32)
+        key_index = torch.cat([torch.arange(s[2], s[2] + s[3]) for s in spans])
+        device = shard.tokens.device
+        return dataclasses.replace(
+            meta,
+            key_index=key_index.to(device),
+            cu_seqlens_k=F.pad(key_lens.cumsum(0, dtype=torch.int32), (1, 0)).to(device),
+            max_seqlen_k=int(key_lens.max()),
+        )
+    return meta
+
+
+def _piece_spans(shard: ContextShard) -> list[tuple[int, int, int, int]]:
+    """(flat query start, query length, flat key start, key length) of every piece, in order."""
+    b, local_len = shard.shape
+    global_index = shard.global_index.tolist()
+    spans = []
+    for row, (lens, prefixes) in enumerate(
+        zip(shard.seq_lens.tolist(), shard.key_prefix_lens.tolist(), strict=True)
+    ):
+        start = 0
+        for n, prefix in zip(lens, prefixes, strict=True):
+            if n == 0:
+                break
+            key_start = row * shard.row_len + global_index[start] - prefix
+            spans.append((row * local_len + start, n, key_start, prefix + n))
+            start += n
+    return spans
+
+
+# --------------------------------------------------------------------------- gather
+def gather_row(x_local: Tensor, group, size: int) -> Tensor:
+    """[B, 2c, ...] local chunks of every rank -> [B, L, ...] whole rows, in row order.
+
+    Differentiable: the backward reduce-scatters the rows' gradient back to the owning ranks.
+    """
+    b, local_len = x_local.shape[:2]
+    c = local_len // 2
+    halves = x_local.reshape(b, 2, c, *x_local.shape[2:]).transpose(0, 1)  # [2, B, c, ...]
+    chunks = _AllGather.apply(halves, group) if size > 1 else halves  # rank r: 2r, 2r+1
+    # row chunk g lives on rank g (its first half) for g < N, else on rank 2N-1-g (second half)
+    order = [2 * g if g < size else 2 * (2 * size - 1 - g) + 1 for g in range(2 * size)]
+    ordered = chunks.index_select(0, torch.tensor(order, device=x_local.device))
+    return ordered.transpose(0, 1).reshape(b, 2 * size * c, *x_local.shape[2:])
+
+
+class _AllGather(torch.autograd.Function):
+    """all-gather along dim 0 over ``group``; backward: reduce-scatter (sum) of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group) -> Tensor:
+        ctx.group = group
+        size = dist.get_world_size(group)
+        out = x.new_empty((size * x.shape[0], *x.shape[1:]))
+        _all_gather(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        size = dist.get_world_size(ctx.group)
+        out = grad.new_empty((grad.shape[0] // size, *grad.shape[1:]))
+        _reduce_scatter(out, grad.contiguous(), group=ctx.group)
+        return out, None
+
+
+# torch renamed the single-tensor collectives (the old names warn from 2.13)
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
+
+# --------------------------------------------------------------------------- sdpa
+def splice_prefixed_pieces(
+    out_local: Tensor, q: Tensor, k_row: Tensor, v_row: Tensor, meta: ContextMetadata
+) -> Tensor:
+    """Replace the outputs of pieces whose document began earlier by attention over their
+    document's whole key span. out_local, q [B, 2c, H, D]; k_row, v_row [B, L, Hkv, D]."""
+    if not meta.prefixed:
+        return out_local
+    b, local_len, h, d = q.shape
+    q_flat = q.reshape(b * local_len, h, d)
+    k_flat, v_flat = (x.reshape(-1, *x.shape[2:]) for x in (k_row, v_row))
+    fixed, query_idx = [], []
+    for q_start, q_len, k_start, k_len in meta.prefixed:
+        fixed.append(
+            lower_right_causal_attention(
+                q_flat[q_start : q_start + q_len],
+                k_flat[k_start : k_start + k_len],
+                v_flat[k_start : k_start + k_len],
+            )
+        )
+        query_idx.append(torch.arange(q_start, q_start + q_len))
+    idx = torch.cat(query_idx).to(q.device)
+    spliced = out_local.reshape(b * local_len, h, d).index_copy(0, idx, torch.cat(fixed))
+    return spliced.view(b, local_len, h, d)
+
+
+def lower_right_causal_attention(q_QHD: Tensor, k_KHD: Tensor, v_KHD: Tensor) -> Tensor:
+    """Queries that are the last Q of K keys: query i sees keys 0 .. K-Q+i. -> [Q, H, D].
+
+    In blocks of queries, each under checkpoint when gradients are on, so a block's mask and
+    scores are rebuilt in backward instead of kept: memory stays one block's whatever Q and K.
+    """
+    q_len, k_len = q_QHD.shape[0], k_KHD.shape[0]
+    block = max(1, MASK_BLOCK_ELEMENTS // k_len)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_QHD, k_KHD, v_KHD))
+    outs = []
+    for start in range(0, q_len, block):
+        stop = min(start + block, q_len)
+        visible = k_len - q_len + stop  # keys seen by the block's last query
+        args = (q_QHD[start:stop], k_KHD[:visible], v_KHD[:visible])
+        outs.append(
+            checkpoint(_masked_block, *args, use_reentrant=False) if grad else _masked_block(*args)
+        )
+    return torch.cat(outs)
+
+
+def _masked_block(q_QHD: Tensor, k_KHD: Tensor, v_KHD: Tensor) -> Tensor:
+    q_len, k_len = q_QHD.shape[0], k_KHD.shape[0]
+    mask_QK = torch.ones(q_len, k_len, dtype=torch.bool, device=q_QHD.device).tril(k_len - q_len)
+    q_1HQD, k_1HKD, v_1HKD = (x.transpose(0, 1).unsqueeze(0) for x in (q_QHD, k_KHD, v_KHD))
+    out_1HQD = F.scaled_dot_product_attention(
+        q_1HQD, k_1HKD, v_1HKD, attn_mask=mask_QK, enable_gqa=q_QHD.shape[1] != k_KHD.shape[1]
+    )
+    return out_1HQD[0].transpose(0, 1)

@@ -1,0 +1,210 @@
+"""Context parallelism on CPU: sharding, attention per rank, and whole models over gloo ranks.
+
+Single-process tests simulate every rank of a group: rank r's queries attend to the true whole-row
+keys (what the gather delivers), and the ranks' outputs and gradients together must equal the
+unsharded computation. tests/context_parallel_script.py runs the real thing over 2 and 4 gloo
+processes, gather and reduce-scatter included.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from longctx.batch import ContextShard, PackedBatch
+from longctx.model import Llama, LlamaConfig
+from longctx.model.attention import attention, attention_over_row, build_attention_metadata
+from longctx.model.context_parallel import gather_row, lower_right_causal_attention
+
+H, HKV, D = 4, 2, 16
+L = 96
+# documents straddling chunk edges, one longer than a chunk, tiny ones, a pad-like tail
+ROWS = [[5, 30, 1, 17, 40, 3], [96], [11, 12, 13, 14, 15, 16, 15]]
+TAIL_PAD = 3  # the batch's last segment: a "pad tail" of TAIL_PAD tokens without labels
+
+
+def make_batch(rows=ROWS, length=L, reset=False, seed=0) -> PackedBatch:
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 64, (len(rows), length), generator=gen)
+    batch = PackedBatch.from_lengths(tokens, rows, reset_position_ids=reset)
+    batch.labels[-1, -TAIL_PAD:] = -100
+    return batch
+
+
+def make_qkv(b: int, length: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, length, H, D, generator=gen)
+    k, v = (torch.randn(b, length, HKV, D, generator=gen) for _ in range(2))
+    return q, k, v
+
+
+# --------------------------------------------------------------------------- sharding
+def test_shards_cover_every_row_token_once_head_tail():
+    batch = make_batch()
+    size = 4
+    shards = [batch.context_shard(r, size) for r in range(size)]
+    seen = torch.cat([s.global_index for s in shards]).sort().values
+    assert torch.equal(seen, torch.arange(L))
+    c = L // (2 * size)
+    assert shards[1].global_index.tolist() == [*range(c, 2 * c), *range(6 * c, 7 * c)]
+    for s in shards:
+        assert torch.equal(s.tokens, batch.tokens[:, s.global_index])
+        assert torch.equal(s.labels, batch.labels[:, s.global_index])
+        assert torch.equal(s.position_ids, batch.position_ids[:, s.global_index])
+        assert s.row_len == L and s.num_loss_tokens > 0
+    assert sum(s.num_loss_tokens for s in shards) == batch.num_loss_tokens
+
+
+def test_pieces_record_the_keys_before_them_on_other_chunks():
+    batch = make_batch(rows=[[5, 30, 61]], length=96)
+    shard = batch.context_shard(1, 2)  # chunks [24, 48) and [48, 72)
+    assert shard.seq_lens.tolist() == [[11, 13, 24]]
+    # [24, 35) continues the document [5, 35); [35, 48) starts one; [48, 72) continues it
+    assert shard.key_prefix_lens.tolist() == [[19, 0, 13]]
+
+
+@given(
+    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=12),
+    size=st.sampled_from([1, 2, 3, 4]),
+)
+@settings(max_examples=40, deadline=None)
+def test_dense_masks_of_all_shards_are_the_rows_mask(lengths, size):
+    length = 2 * size * (-(-sum(lengths) // (2 * size)))  # round up to a multiple of 2N
+    batch = make_batch(rows=[lengths], length=length)
+    full = batch.to_dense_mask()
+    for r in range(size):
+        shard = batch.context_shard(r, size)
+        assert torch.equal(shard.to_dense_mask(), full[:, shard.global_index])
+
+
+def test_bad_splits_are_named():
+    batch = make_batch()
+    with pytest.raises(ValueError, match=r"L=96 .* multiple of 2\*size=10"):
+        batch.context_shard(0, 5)
+    with pytest.raises(ValueError, match="rank=2, size=2"):
+        batch.context_shard(2, 2)
+    with pytest.raises(ValueError, match="size=0"):
+        batch.context_shard(0, 0)
+
+
+def test_a_shard_of_size_two_without_group_cannot_gather():
+    shard = make_batch().context_shard(0, 2)
+    with pytest.raises(ValueError, match="needs the process group"):
+        build_attention_metadata(shard, "sdpa")
+
+
+def test_shard_moves_with_its_metadata():
+    shard = make_batch().context_shard(1, 2, group="g")
+    moved = shard.to("cpu")
+    assert isinstance(moved, ContextShard)
+    assert (moved.cp_rank, moved.cp_size, moved.group) == (1, 2, "g")
+    assert torch.equal(moved.key_prefix_lens, shard.key_prefix_lens)
+
+
+# --------------------------------------------------------------------------- attention
+def simulated_ranks(backend: str, batch: PackedBatch, size: int, q, k, v) -> torch.Tensor:
+    """Every rank's output written back to its row positions: [B, L, H, D]."""
+    out = torch.zeros_like(q)
+    for r in range(size):
+        shard = batch.context_shard(r, size, group="simulated")
+        meta = build_attention_metadata(shard, backend)
+        idx = shard.global_index
+        out = out.index_copy(
+            1, idx, attention_over_row(q[:, idx], k[:, idx], v[:, idx], k, v, meta)
+        )
+    return out
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager", "flex"])
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_ranks_together_equal_unsharded_attention(backend, size):
+    length = 1024 if backend == "flex" else L  # flex: chunks of whole 128-token tiles
+    rows = ROWS if backend != "flex" else [[100, 300, 7, 600, 17], [1024], [37] * 27 + [25]]
+    batch = make_batch(rows=rows, length=length)
+    q, k, v = make_qkv(len(rows), length)
+    with torch.no_grad():
+        expected = attention(q, k, v, build_attention_metadata(batch, "eager"))
+        got = simulated_ranks(backend, batch, size, q, k, v)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_ranks_together_give_the_unsharded_gradients(backend, size):
+    batch = make_batch()
+    q, k, v = make_qkv(len(ROWS), L)
+    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
+
+    def grads(fn):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        (fn(*leaves) * weight).sum().backward()
+        return [t.grad for t in leaves]
+
+    expected = grads(lambda q, k, v: attention(q, k, v, build_attention_metadata(batch, "eager")))
+    got = grads(lambda q, k, v: simulated_ranks(backend, batch, size, q, k, v))
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
+
+
+def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
+    import longctx.model.context_parallel as cp
+
+    q, k, v = make_qkv(1, 40)
+    q, k, v = q[0, 25:], k[0], v[0]  # 15 queries, the last of 40 keys
+    full = lower_right_causal_attention(q, k, v)
+    monkeypatch.setattr(cp, "MASK_BLOCK_ELEMENTS", 40 * 4)  # blocks of 4 queries
+    torch.testing.assert_close(lower_right_causal_attention(q, k, v), full, atol=1e-6, rtol=0)
+    mask = torch.ones(15, 40, dtype=torch.bool).tril(25)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.transpose(0, 1).repeat_interleave(2, 0),
+        v.transpose(0, 1).repeat_interleave(2, 0),
+        attn_mask=mask,
+    ).transpose(0, 1)
+    torch.testing.assert_close(full, ref, atol=1e-6, rtol=0)
+
+
+def test_gather_row_without_a_group_reorders_the_two_chunks():
+    x = torch.arange(12).view(1, 12)
+    assert torch.equal(gather_row(x, None, 1), x)
+
+
+# --------------------------------------------------------------------------- models over gloo
+SCRIPT = Path(__file__).with_name("context_parallel_script.py")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_model_over_gloo_ranks_equals_one_rank(world):
+    """Logits, loss and every parameter gradient of N gloo ranks equal one process (1e-5)."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(world)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "compared" in proc.stdout
+
+
+def tiny_config(**overrides) -> LlamaConfig:
+    fields = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=64)
+    return LlamaConfig(**(fields | {"max_seq_len": 256, "attn_backend": "sdpa"} | overrides))
+
+
+def test_model_with_one_rank_shard_equals_the_batch():
+    """N=1 runs the context-parallel code path (two chunks, spliced pieces) without a group."""
+    torch.manual_seed(0)
+    model = Llama(tiny_config())
+    batch = make_batch(reset=True)
+    shard = batch.context_shard(0, 1)
+    torch.testing.assert_close(model(shard), model(batch), atol=1e-5, rtol=0)
+    loss, n = model.loss(shard)
+    expected_loss, expected_n = model.loss(batch)
+    assert n == expected_n
+    torch.testing.assert_close(loss, expected_loss, atol=1e-4, rtol=1e-6)
