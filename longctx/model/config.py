@@ -122,9 +122,11 @@ def _require_positive(name: str, value: Any) -> None:
 # rope_scaling as a dict so that every config gets its own RopeScaling (from __post_init__).
 PRESETS: dict[str, dict[str, Any]] = {
     # The CPU default: a few million parameters, byte-level vocabulary (256 bytes + specials).
+    # With 512 logits per token a whole 128k-token row's fp32 logits are 256 MB: one loss
+    # chunk, so the output projection is never recomputed.
     "tiny": dict(
         vocab_size=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=768,
-        max_seq_len=131072, rope_theta=500000.0,
+        max_seq_len=131072, rope_theta=500000.0, loss_chunk_size=131072,
     ),
     # Llama 3.2 1B.
     "llama3_1b": dict(

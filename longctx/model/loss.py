@@ -1,9 +1,11 @@
 """Chunked cross-entropy: never holds [N, V] fp32 logits, in forward or in backward.
 
 Hidden states [N, dim] are cut into chunks of ``chunk_size`` tokens; each chunk's fp32 logits
-are built, reduced to per-token losses and freed. Each chunk runs under a non-reentrant
-checkpoint, so backward recomputes that chunk's logits instead of keeping them: peak memory is
-one chunk's logits (and their gradient), not the whole batch's.
+are built, reduced to per-token losses and freed. When there are several chunks, each runs
+under a non-reentrant checkpoint, so backward recomputes that chunk's logits instead of keeping
+them: peak memory is one chunk's logits (and their gradient), not the whole batch's. A batch
+that fits in one chunk is not checkpointed: backward would rebuild those same logits at its
+start anyway, so recomputing them would cost an output projection and save no peak memory.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ def chunked_token_loss(
     """fp32 [N] cross-entropy of each token; 0 where the label is IGNORE_INDEX."""
     if chunk_size <= 0:
         raise ValueError(f"chunk_size={chunk_size}; expected a positive number of tokens")
+    if hidden_ND.shape[0] <= chunk_size:
+        return _chunk_loss(hidden_ND, weight_VD, labels_N)
     needs_grad = torch.is_grad_enabled() and (hidden_ND.requires_grad or weight_VD.requires_grad)
     losses = []
     for start in range(0, hidden_ND.shape[0], chunk_size):

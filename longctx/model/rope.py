@@ -50,9 +50,39 @@ def rope_cos_sin(
 
 def apply_rope(x_BLHD: Tensor, cos_BLF: Tensor, sin_BLF: Tensor) -> Tensor:
     """Rotate each (x_i, x_{i+D/2}) pair by its position's angle for frequency i."""
-    x1, x2 = x_BLHD.chunk(2, dim=-1)
     # in x's dtype: under autocast q/k are bf16 while cos/sin follow the fp32 residual stream,
     # and promoting q/k to fp32 here would hand fp32 to attention kernels that refuse it
     cos = cos_BLF.unsqueeze(2).to(x_BLHD.dtype)  # broadcast over heads
     sin = sin_BLF.unsqueeze(2).to(x_BLHD.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return _Rotate.apply(x_BLHD, cos, sin)
+
+
+class _Rotate(torch.autograd.Function):
+    """A rotation whose backward is the inverse rotation of the gradient.
+
+    Autograd through the plain formula would save x's halves and run a chain of muls, a cat
+    and its split per q/k per layer; here only cos/sin (shared by every layer) are kept and
+    each direction is four fused ops writing straight into the output's halves.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin, inverse=False)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, sin, inverse=True), None, None
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool) -> Tensor:
+    """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); sin negated when ``inverse``."""
+    sign = -1.0 if inverse else 1.0
+    x1, x2 = x.chunk(2, dim=-1)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    out1, out2 = out.chunk(2, dim=-1)
+    torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=-sign)
+    torch.mul(x2, cos, out=out2).addcmul_(x1, sin, value=sign)
+    return out
