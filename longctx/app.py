@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from longctx.checkpoint import AtomicCheckpointIO, auto_resume_path, resolve_ckpt_path
 from longctx.distributed.slurm import (
@@ -127,6 +127,39 @@ def check_model_seq_len(model_config, seq_len: int) -> None:
         raise ConfigError(f"model: {err}") from err
 
 
+def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> int:
+    """trainer.context_parallel: ranks that split each row; returns it once it can work."""
+    size = cfg.trainer.get("context_parallel", 1)
+    devices = cfg.trainer.get("devices", 1)
+    world = devices * int(cfg.trainer.get("num_nodes", 1)) if isinstance(devices, int) else None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"trainer.context_parallel={size!r}; expected an int >= 1")
+    if size == 1:
+        return size
+    if world is not None and (size > world or world % size):
+        raise ConfigError(
+            f"trainer.context_parallel={size} must divide the world size {world} "
+            f"(trainer.devices x trainer.num_nodes): each row is split over that many ranks"
+        )
+    if seq_len % (2 * size):
+        raise ConfigError(
+            f"data.seq_len={seq_len} must be a multiple of 2 x trainer.context_parallel = "
+            f"{2 * size}: each rank takes two equal chunks of every row"
+        )
+    if not isinstance(model_config, LlamaConfig):
+        raise ConfigError(
+            f"trainer.context_parallel={size}: only longctx's Llama (model=tiny/llama3_*) "
+            "supports context parallelism; a Hugging Face model's attention cannot take a row "
+            "split over ranks"
+        )
+    if model_config.attn_backend == "flex" and seq_len % (2 * size * 128):
+        raise ConfigError(
+            f"data.seq_len={seq_len} must be a multiple of 2 x context_parallel x 128 = "
+            f"{2 * size * 128} for attn_backend=flex (whole FlexAttention blocks per chunk)"
+        )
+    return size
+
+
 def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:
     """Weights, gradients and AdamW state per device (activations not included)."""
     return model_config.num_params() * BYTES_PER_PARAM_TRAINING // max(shards, 1)
@@ -171,6 +204,7 @@ def preflight(cfg: DictConfig, model_config: LlamaConfig, seq_len: int) -> torch
     except ValueError as err:
         raise ConfigError(str(err)) from err
     check_backend(model_config, seq_len, device)
+    check_context_parallel(cfg, model_config, seq_len)
     if not cfg.dry_run:
         check_memory(model_config, cfg.trainer, device)
     return device
@@ -213,7 +247,9 @@ def run(cfg: DictConfig) -> dict:
 
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
-    datamodule = LongCtxDataModule(data_config)
+    with open_dict(cfg.trainer):  # a longctx setting, not a lightning.Trainer argument
+        context_parallel = cfg.trainer.pop("context_parallel", 1)
+    datamodule = LongCtxDataModule(data_config, context_parallel=context_parallel)
     datamodule.prepare_data()
     try:
         datamodule.check_vocab(model_config.vocab_size)
@@ -230,6 +266,7 @@ def run(cfg: DictConfig) -> dict:
         peak_flops_per_device=cfg.get("peak_flops_per_device"),
         pad_id=datamodule.pad_id,
         eos_id=datamodule.eos_id,
+        context_parallel=context_parallel,
     )
     trainer: L.Trainer = instantiate(
         cfg.trainer,

@@ -19,8 +19,10 @@ import torch
 from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
+from longctx.distributed.context import context_parallel_group
 from longctx.eval.position_loss import PositionLoss
 from longctx.model import Llama, LlamaConfig, estimate_flops
+from longctx.model.context_parallel import gather_row
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
@@ -97,10 +99,18 @@ class LongCtxModule(L.LightningModule):
         peak_flops_per_device: float | None = None,
         pad_id: int | None = None,
         eos_id: int | None = None,
+        context_parallel: int = 1,
     ) -> None:
         super().__init__()
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        if isinstance(context_parallel, bool) or not isinstance(context_parallel, int):
+            raise ValueError(f"context_parallel={context_parallel!r}; expected an int >= 1")
+        if context_parallel > 1 and not isinstance(model_config, LlamaConfig):
+            raise ValueError(
+                f"context_parallel={context_parallel} needs longctx's Llama (a LlamaConfig): "
+                f"other models' attention cannot take a row split over ranks"
+            )
         self.automatic_optimization = False
         self.model_config = model_config
         self.model = build_model(model_config)
@@ -109,11 +119,24 @@ class LongCtxModule(L.LightningModule):
         self.accumulate_grad_batches = accumulate_grad_batches
         self.compile, self.peak_flops_per_device = compile, peak_flops_per_device
         self.pad_id, self.eos_id = pad_id, eos_id
+        self.context_parallel = context_parallel
+        self.cp_group = None  # set in setup() once the process group exists
         self.tokens_seen = 0
         self._reset_accumulators()
         self.val_position_loss: PositionLoss | None = None
 
     # ------------------------------------------------------------------ set-up
+    def setup(self, stage: str) -> None:
+        if self.context_parallel > 1 and self.cp_group is None:
+            self.cp_group = context_parallel_group(self.context_parallel)
+
+    def _context_shard(self, batch: PackedBatch) -> PackedBatch:
+        """This rank's share of the rows under context parallelism; the batch itself without."""
+        if self.context_parallel == 1:
+            return batch
+        rank = torch.distributed.get_rank(self.cp_group)
+        return batch.context_shard(rank, self.context_parallel, self.cp_group)
+
     def configure_model(self) -> None:
         if self.compile:
             # per block, in place: the model keeps its methods (loss, token_loss) and its
@@ -160,18 +183,22 @@ class LongCtxModule(L.LightningModule):
             self._step_start = time.perf_counter()
         last_micro = self._micro + 1 == self.accumulate_grad_batches
         with self._maybe_no_sync(not last_micro):
-            loss_sum, num_tokens = self.model.loss(batch)
+            loss_sum, num_tokens = self.model.loss(self._context_shard(batch))
             self.manual_backward(loss_sum)
         self._accumulate(batch, loss_sum.detach(), num_tokens)
         if last_micro:
             self._optimizer_step()
 
     def _accumulate(self, batch: PackedBatch, loss_sum: Tensor, num_tokens: int) -> None:
+        """Sums over ranks at the step boundary: the context-parallel ranks of a row each count
+        their share (loss and targets of their tokens, 1/N of tokens and FLOPs), so the logged
+        numbers are the rows' own, counted once."""
         self._micro += 1
         self._loss_sum += loss_sum.float()
         self._num_targets += num_tokens
-        self._num_input_tokens += batch.tokens.numel()
-        self._flops += self._estimate_flops(batch) if self.peak_flops_per_device else 0.0
+        self._num_input_tokens += batch.tokens.numel() // self.context_parallel
+        if self.peak_flops_per_device:
+            self._flops += self._estimate_flops(batch) / self.context_parallel
         self._batch_stats.append(self._packing_stats(batch))
 
     def _estimate_flops(self, batch: PackedBatch) -> float:
@@ -268,8 +295,13 @@ class LongCtxModule(L.LightningModule):
         self.val_position_loss = PositionLoss(seq_len or 1, eos_id=self.eos_id)
 
     def validation_step(self, batch: PackedBatch, batch_idx: int) -> None:
-        token_loss = self.model.token_loss(batch)
-        self.val_position_loss.update(token_loss.detach(), batch)
+        shard = self._context_shard(batch)
+        token_loss = self.model.token_loss(shard).detach()
+        if shard is not batch:  # the rows' losses from the group; its first rank counts them
+            token_loss = gather_row(token_loss, self.cp_group, self.context_parallel)
+            if torch.distributed.get_rank(self.cp_group) != 0:
+                return
+        self.val_position_loss.update(token_loss, batch)
 
     def on_validation_epoch_end(self) -> None:
         acc = self.val_position_loss

@@ -1,12 +1,13 @@
-"""Run by tests/test_context_parallel.py: a Llama over N gloo ranks vs. one process.
+"""Run by tests/test_context_parallel.py: a Llama over W gloo ranks vs. one process.
 
-    python context_parallel_script.py N
+    python context_parallel_script.py W N
 
-Every rank builds the same model and batch, takes its context shard, and computes logits, the
-loss sum and every parameter gradient; gradients are summed over the ranks (what DDP/FSDP do)
-and the logits gathered. Rank 0 compares them with the unsharded batch in one process, for reset
-and continuous position ids, with documents straddling chunk edges, one document longer than a
-chunk and a pad tail (fp32, 1e-5). Prints "compared" on success.
+W ranks form W/N data-parallel replicas of N context-parallel ranks. Every replica gets its own
+batch and every rank of a replica takes its context shard of it, computing logits, the loss sum
+and every parameter gradient; gradients and losses are summed over all ranks (what DDP/FSDP do)
+and the logits gathered within each replica. Rank 0 compares them with one process running all
+the replicas' batches, for reset and continuous position ids, with documents straddling chunk
+edges, one document longer than a chunk and a pad tail (fp32, 1e-5). Prints "compared".
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from longctx.batch import PackedBatch
+from longctx.distributed.context import context_parallel_group, data_parallel_rank_and_size
 from longctx.model import Llama, LlamaConfig
 from longctx.model.context_parallel import gather_row
 
@@ -37,30 +39,52 @@ CONFIG = LlamaConfig(
 )
 
 
-def make_batch(reset: bool) -> PackedBatch:
-    tokens = torch.randint(0, 64, (len(ROWS), L), generator=torch.Generator().manual_seed(1))
+def make_batch(reset: bool, replica: int) -> PackedBatch:
+    gen = torch.Generator().manual_seed(1 + replica)
+    tokens = torch.randint(0, 64, (len(ROWS), L), generator=gen)
     batch = PackedBatch.from_lengths(tokens, ROWS, reset_position_ids=reset)
     batch.labels[-1, -5:] = -100  # a pad tail without targets
     return batch
 
 
-def results(model: Llama, batch, group=None) -> dict[str, torch.Tensor]:
-    """Logits [B, L, V] (gathered), loss sum, and parameter gradients summed over the group."""
+def results(model: Llama, batch) -> dict[str, torch.Tensor]:
+    """Logits [B, 2c or L, V], loss sum and parameter gradients of one batch or shard."""
     model.zero_grad(set_to_none=True)
     logits = model(batch)
     loss_sum, _ = model.loss(batch)
     (loss_sum / 500).backward()
     out = {name: p.grad.clone() for name, p in model.named_parameters()}
-    if group is not None:
-        logits = gather_row(logits.detach(), group, dist.get_world_size(group))
-        for grad in out.values():
-            dist.all_reduce(grad, group=group)
-        dist.all_reduce(loss_sum := loss_sum.detach(), group=group)
     out["logits"], out["loss"] = logits.detach(), loss_sum.detach()
     return out
 
 
-def worker(rank: int, world: int, port: int) -> None:
+def reference(model: Llama, batches: list[PackedBatch]) -> dict[str, torch.Tensor]:
+    """One process, every replica's batch: logits stacked by replica, the rest summed."""
+    each = [results(model, b) for b in batches]
+    out = {k: sum(r[k] for r in each) for k in each[0] if k != "logits"}
+    out["logits"] = torch.stack([r["logits"] for r in each])
+    return out
+
+
+def distributed(model, batches, context_parallel: int) -> dict[str, torch.Tensor]:
+    """This rank's share; on return, sums over all ranks and logits of every replica."""
+    group = context_parallel_group(context_parallel)
+    replica, replicas = data_parallel_rank_and_size(
+        dist.get_rank(), dist.get_world_size(), context_parallel
+    )
+    shard = batches[replica].context_shard(dist.get_rank(group), context_parallel, group)
+    out = results(model, shard)
+    for key, value in out.items():
+        if key != "logits":
+            dist.all_reduce(value)
+    row_logits = gather_row(out["logits"], group, context_parallel)
+    every = [torch.empty_like(row_logits) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, row_logits)
+    out["logits"] = torch.stack(every[::context_parallel])  # one copy per replica
+    return out
+
+
+def worker(rank: int, world: int, context_parallel: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -68,13 +92,12 @@ def worker(rank: int, world: int, port: int) -> None:
         for reset in (True, False):
             torch.manual_seed(0)
             model = Llama(CONFIG)
-            batch = make_batch(reset)
-            group = dist.group.WORLD
-            got = results(model, batch.context_shard(rank, world, group), group)
+            batches = [make_batch(reset, r) for r in range(world // context_parallel)]
+            got = distributed(model, batches, context_parallel)
             if rank == 0:
-                expected = results(model, batch)
+                expected = reference(model, batches)
                 for name, value in expected.items():
-                    torch.testing.assert_close(got[name], value, atol=1e-5, rtol=0, msg=name)
+                    torch.testing.assert_close(got[name], value, atol=1e-5, rtol=1e-6, msg=name)
         if rank == 0:
             print(f"compared logits, loss and {len(expected) - 2} gradients over {world} ranks")
     finally:
@@ -82,6 +105,6 @@ def worker(rank: int, world: int, port: int) -> None:
 
 
 if __name__ == "__main__":
-    world = int(sys.argv[1])
+    world, context_parallel = int(sys.argv[1]), int(sys.argv[2])
     port = 29000 + os.getpid() % 2000
-    mp.spawn(worker, args=(world, port), nprocs=world)
+    mp.spawn(worker, args=(world, context_parallel, port), nprocs=world)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -48,3 +49,19 @@ def run_train(args: list[str], tmp_path: Path, timeout: int = 600, check: bool =
             f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    return [float(r["train/loss"]) for r in read_metrics(run_dir) if r.get("train/loss")]
+
+
+def final_params(run_dir: Path) -> dict:
+    import torch
+
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    return checkpoint["state_dict"]

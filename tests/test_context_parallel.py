@@ -8,15 +8,19 @@ processes, gather and reduce-scatter included.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import FAST, compose, final_params, read_metrics, run_train, train_losses
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from omegaconf import OmegaConf
 
+from longctx.app import ConfigError, check_context_parallel, run
 from longctx.batch import ContextShard, PackedBatch
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import attention, attention_over_row, build_attention_metadata
@@ -179,11 +183,12 @@ def test_gather_row_without_a_group_reorders_the_two_chunks():
 SCRIPT = Path(__file__).with_name("context_parallel_script.py")
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_model_over_gloo_ranks_equals_one_rank(world):
-    """Logits, loss and every parameter gradient of N gloo ranks equal one process (1e-5)."""
+@pytest.mark.parametrize("world, context_parallel", [(2, 2), (4, 4), (4, 2)])
+def test_model_over_gloo_ranks_equals_one_rank(world, context_parallel):
+    """Logits, loss and every parameter gradient of N gloo ranks equal one process (1e-5);
+    (4, 2) is a 2 x 2 mesh: two data-parallel replicas, each row split over two ranks."""
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(world)],
+        [sys.executable, str(SCRIPT), str(world), str(context_parallel)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -208,3 +213,90 @@ def test_model_with_one_rank_shard_equals_the_batch():
     expected_loss, expected_n = model.loss(batch)
     assert n == expected_n
     torch.testing.assert_close(loss, expected_loss, atol=1e-4, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- train.py
+CP_RUN = [
+    *FAST,
+    "trainer.max_steps=6",
+    "trainer.val_check_interval=3",
+    "trainer.deterministic=true",
+    "callbacks.checkpoint.every_n_train_steps=3",
+    "callbacks.checkpoint.save_top_k=-1",
+]
+CP2 = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.context_parallel=2"]
+
+
+def assert_same_training(run_dir: Path, reference: Path, first_step: int = 0) -> None:
+    """Same train and validation losses and parameters as the reference run (from first_step
+    on), to fp32 noise; parameters only from single-file checkpoints (FSDP2 writes folders)."""
+    assert train_losses(run_dir) == pytest.approx(train_losses(reference)[first_step:], rel=1e-5)
+    val = [val_losses(d) for d in (run_dir, reference)]
+    assert val[0] == pytest.approx(val[1][len(val[1]) - len(val[0]) :], rel=1e-5)
+    if (run_dir / "checkpoints" / "last.ckpt").is_dir():
+        return
+    got, expected = final_params(run_dir), final_params(reference)
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, atol=1e-5, rtol=0, msg=name)
+
+
+def val_losses(run_dir: Path) -> list[float]:
+    return [float(r["val/loss"]) for r in read_metrics(run_dir) if r.get("val/loss")]
+
+
+def step3_checkpoint(run_dir: Path, tmp_path: Path) -> Path:
+    mid = tmp_path / f"{run_dir.name}_step3.ckpt"  # a plain name: Hydra would need '=' quoted
+    next((run_dir / "checkpoints").glob("*step=3.ckpt")).rename(mid)
+    return mid
+
+
+@pytest.mark.slow
+def test_context_parallel_training_equals_one_rank_and_resumes_across_sizes(tmp_path):
+    """6 AdamW steps: 2 ranks splitting every row (no data parallelism) == 1 process; a
+    checkpoint of either resumes on the other size and lands on the same parameters."""
+    runs = tmp_path / "outputs" / "train"
+    run_train([*CP_RUN, "run_name=cp1"], tmp_path)
+    run_train([*CP_RUN, *CP2, "run_name=cp2"], tmp_path)
+    assert_same_training(runs / "cp2", runs / "cp1")
+    cp1_mid, cp2_mid = (
+        step3_checkpoint(runs / "cp1", tmp_path),
+        step3_checkpoint(runs / "cp2", tmp_path),
+    )
+    run_train([*CP_RUN, *CP2, "run_name=up", f"ckpt_path={cp1_mid}"], tmp_path)
+    run_train([*CP_RUN, "run_name=down", f"ckpt_path={cp2_mid}"], tmp_path)
+    assert_same_training(runs / "up", runs / "cp1", first_step=3)
+    assert_same_training(runs / "down", runs / "cp1", first_step=3)
+
+
+@pytest.mark.slow
+def test_context_parallel_under_fsdp2_trains_like_one_process(tmp_path):
+    runs = tmp_path / "outputs" / "train"
+    run_train([*CP_RUN, "run_name=cp1"], tmp_path)
+    fsdp = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]
+    run_train([*CP_RUN, *fsdp, "trainer.context_parallel=2", "run_name=fsdp_cp2"], tmp_path)
+    assert_same_training(runs / "fsdp_cp2", runs / "cp1")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.context_parallel=2"], "trainer.context_parallel=2 must divide the world size 1"),
+        ([*CP2, "trainer.context_parallel=3"], "context_parallel=3 must divide the world size 2"),
+        ([*CP2, "data.seq_len=250"], "data.seq_len=250 must be a multiple of 2 x"),
+        (["trainer.context_parallel=0"], "trainer.context_parallel=0; expected an int >= 1"),
+    ],
+)
+def test_bad_context_parallel_config_stops_before_training(overrides, message, tmp_path):
+    cfg = compose([*FAST, *overrides], output_dir=tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        run(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_context_parallel_refuses_models_and_flex_shapes_it_cannot_split():
+    cfg = OmegaConf.create({"trainer": {"devices": 4, "num_nodes": 1, "context_parallel": 2}})
+    with pytest.raises(ConfigError, match="only longctx's Llama"):
+        check_context_parallel(cfg, lambda: None, 256)
+    with pytest.raises(ConfigError, match=r"seq_len=256 must be a multiple of .* = 512"):
+        check_context_parallel(cfg, tiny_config(attn_backend="flex"), 256)
+    assert check_context_parallel(cfg, tiny_config(attn_backend="flex"), 512) == 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -10,11 +9,19 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import CACHE_DIR, FAST, ROOT, compose, run_train
+from helpers import (
+    CACHE_DIR,
+    FAST,
+    ROOT,
+    compose,
+    final_params,
+    read_metrics,
+    run_train,
+    train_losses,
+)
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -81,16 +88,6 @@ def test_instantiate_datamodule_and_module(tmp_path):
     assert module.model.config.dim == 256
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "csv" / "metrics.csv"
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def train_losses(run_dir: Path) -> list[float]:
-    return [float(r["train/loss"]) for r in read_metrics(run_dir) if r.get("train/loss")]
-
-
 def test_smoke_training_through_train_py(tmp_path):
     args = [*FAST, "run_name=smoke", "trainer.max_steps=40", "optim.scheduler.warmup_steps=5"]
     proc = run_train(args, tmp_path)
@@ -107,11 +104,6 @@ def test_smoke_training_through_train_py(tmp_path):
     assert summary and float(summary[1]) == pytest.approx(val[-1], abs=1e-3)
     # 40 steps of 512 tokens already beat a model that knows every byte's frequency
     assert float(summary[1]) < float(summary[2]), summary[0]
-
-
-def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
-    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    return state
 
 
 RESUME = [

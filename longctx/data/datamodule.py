@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from longctx.batch import PackedBatch
 from longctx.data.corpus import default_corpus_dir
 from longctx.data.shards import Manifest, ShardSet, load_manifest
+from longctx.distributed.context import data_parallel_rank_and_size
 from longctx.eval.baselines import unigram_cross_entropy
 from longctx.packing import PackedRow, collate_rows, make_packer
 
@@ -357,11 +358,19 @@ class LongCtxDataModule(L.LightningDataModule):
     """Packed PackedBatch streams from prepared shard folders (or the embedded corpus)."""
 
     def __init__(
-        self, config: DataConfig, *, rank: int | None = None, world_size: int | None = None
+        self,
+        config: DataConfig,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        context_parallel: int = 1,
     ) -> None:
+        """rank / world_size: data-parallel ones, fixed here (tests) or taken from the trainer;
+        context_parallel: ranks sharing each row, which all read the same batches."""
         super().__init__()
         self.config = config
         self._rank, self._world = rank, world_size
+        self.context_parallel = context_parallel
         self._progress = _Progress()
         self._folders: list[Path] | None = None
         self._manifests: list[Manifest] | None = None
@@ -442,12 +451,15 @@ class LongCtxDataModule(L.LightningDataModule):
         return self._topology()[1]
 
     def _topology(self) -> tuple[int, int]:
+        """(data-parallel rank, data-parallel size)."""
         if self._rank is not None or self._world is not None:
             rank, world = self._rank or 0, self._world or 1
         elif self.trainer is not None:
             rank, world = self.trainer.global_rank, self.trainer.world_size
+            rank, world = data_parallel_rank_and_size(rank, world, self.context_parallel)
         elif torch.distributed.is_available() and torch.distributed.is_initialized():
             rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            rank, world = data_parallel_rank_and_size(rank, world, self.context_parallel)
         else:
             rank, world = 0, 1
         if not 0 <= rank < world:
@@ -565,8 +577,8 @@ class LongCtxDataModule(L.LightningDataModule):
             "cursors": {int(s): list(c) for s, c in self._progress.cursors.items()},
         }
         ranks = {self.rank: local}
-        if self._gathers():
-            gathered = [None] * self.world_size
+        if self._gathers():  # every process; context-parallel ranks hold equal copies
+            gathered = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(gathered, (self.rank, local))
             ranks = dict(gathered)
         return {"version": STATE_VERSION, "fingerprint": self._fingerprint(), "ranks": ranks}
