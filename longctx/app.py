@@ -127,24 +127,28 @@ def check_model_seq_len(model_config, seq_len: int) -> None:
         raise ConfigError(f"model: {err}") from err
 
 
-def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> int:
-    """trainer.context_parallel: ranks that split each row; returns it once it can work."""
+def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> tuple[int, int]:
+    """trainer.context_parallel (ranks that split each row) and trainer.context_parallel_rounds
+    (head-tail rounds per row); returned once they can work."""
     size = cfg.trainer.get("context_parallel", 1)
+    rounds = cfg.trainer.get("context_parallel_rounds", 1)
+    for key, value in (("context_parallel", size), ("context_parallel_rounds", rounds)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"trainer.{key}={value!r}; expected an int >= 1")
+    if size == 1:
+        return size, rounds
     devices = cfg.trainer.get("devices", 1)
     world = devices * int(cfg.trainer.get("num_nodes", 1)) if isinstance(devices, int) else None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"trainer.context_parallel={size!r}; expected an int >= 1")
-    if size == 1:
-        return size
     if world is not None and (size > world or world % size):
         raise ConfigError(
             f"trainer.context_parallel={size} must divide the world size {world} "
             f"(trainer.devices x trainer.num_nodes): each row is split over that many ranks"
         )
-    if seq_len % (2 * size):
+    chunks = 2 * size * rounds
+    if seq_len % chunks:
         raise ConfigError(
-            f"data.seq_len={seq_len} must be a multiple of 2 x trainer.context_parallel = "
-            f"{2 * size}: each rank takes two equal chunks of every row"
+            f"data.seq_len={seq_len} must be a multiple of 2 x trainer.context_parallel x "
+            f"trainer.context_parallel_rounds = {chunks}: every row is cut into that many chunks"
         )
     if not isinstance(model_config, LlamaConfig):
         raise ConfigError(
@@ -152,12 +156,12 @@ def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> int:
             "supports context parallelism; a Hugging Face model's attention cannot take a row "
             "split over ranks"
         )
-    if model_config.attn_backend == "flex" and seq_len % (2 * size * 128):
+    if model_config.attn_backend == "flex" and seq_len % (chunks * 128):
         raise ConfigError(
-            f"data.seq_len={seq_len} must be a multiple of 2 x context_parallel x 128 = "
-            f"{2 * size * 128} for attn_backend=flex (whole FlexAttention blocks per chunk)"
+            f"data.seq_len={seq_len} must be a multiple of {chunks} chunks x 128 = "
+            f"{chunks * 128} for attn_backend=flex (whole FlexAttention blocks per chunk)"
         )
-    return size
+    return size, rounds
 
 
 def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:
@@ -247,8 +251,9 @@ def run(cfg: DictConfig) -> dict:
 
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
-    with open_dict(cfg.trainer):  # a longctx setting, not a lightning.Trainer argument
+    with open_dict(cfg.trainer):  # longctx settings, not lightning.Trainer arguments
         context_parallel = cfg.trainer.pop("context_parallel", 1)
+        context_parallel_rounds = cfg.trainer.pop("context_parallel_rounds", 1)
     datamodule = LongCtxDataModule(data_config, context_parallel=context_parallel)
     datamodule.prepare_data()
     try:
@@ -267,6 +272,7 @@ def run(cfg: DictConfig) -> dict:
         pad_id=datamodule.pad_id,
         eos_id=datamodule.eos_id,
         context_parallel=context_parallel,
+        context_parallel_rounds=context_parallel_rounds,
     )
     trainer: L.Trainer = instantiate(
         cfg.trainer,

@@ -231,22 +231,24 @@ class PackedBatch:
         return out
 
     # ------------------------------------------------------- context parallelism
-    def context_shard(self, rank: int, size: int, group=None) -> ContextShard:
+    def context_shard(self, rank: int, size: int, group=None, rounds: int = 1) -> ContextShard:
         """Rank ``rank``'s share of every row when ``size`` ranks split each row.
 
-        A row is cut into 2*size chunks of c = L / (2*size) tokens and the rank takes chunks
-        ``rank`` and ``2*size-1-rank``: an early chunk (little causal work) paired with a late
-        one (much), so every rank does about the same attention work. Tokens, labels and
-        position ids are sliced with the chunks; segments are cut at the chunk edges into
-        pieces, and every piece records how many tokens of its document precede it on other
-        chunks: the keys it must fetch from other ranks. Documents may have any length and
-        cross any chunk edge. ``group``: the process group of the ``size`` ranks (rank order
-        = chunk order), needed by the model to gather keys and values when size > 1.
+        A row is cut into 2*size chunks and the rank takes chunks ``rank`` and
+        ``2*size-1-rank``: an early chunk (little causal work) paired with a late one (much).
+        With ``rounds`` = k > 1 the row is cut into k segments of 2*size chunks each and the rank
+        takes that pair in every segment: finer interleaving, which evens out document-masked
+        work, where a rank's cost is the sum of its pieces' squared lengths, not its position.
+        Tokens, labels and position ids are sliced with the chunks; segments are cut at the
+        chunk edges into pieces, and every piece records how many tokens of its document
+        precede it on other chunks: the keys it must fetch from other ranks. Documents may have
+        any length and cross any chunk edge. ``group``: the process group of the ``size`` ranks
+        (group rank = ``rank``), needed by the model to gather keys and values when size > 1.
         """
         b, length = self.shape
-        _check_context_split(rank, size, length)
-        c = length // (2 * size)
-        chunks = [(rank * c, (rank + 1) * c), ((2 * size - 1 - rank) * c, (2 * size - rank) * c)]
+        _check_context_split(rank, size, length, rounds)
+        c = length // (2 * size * rounds)
+        chunks = [(g * c, (g + 1) * c) for g in context_chunks(rank, size, rounds)]
         local_idx = torch.cat([torch.arange(lo, hi) for lo, hi in chunks])
         pieces = [_chunk_pieces(row[row > 0], chunks) for row in self.seq_lens.cpu().numpy()]
         width = max(len(lens) for lens, _ in pieces)
@@ -266,14 +268,22 @@ class PackedBatch:
             cp_rank=rank,
             cp_size=size,
             group=group,
+            cp_rounds=rounds,
         )
+
+
+def context_chunks(rank: int, size: int, rounds: int = 1) -> list[int]:
+    """The row chunks (of 2 * size * rounds) that context-parallel ``rank`` holds, in order."""
+    per_round = 2 * size
+    return [j * per_round + i for j in range(rounds) for i in (rank, per_round - 1 - rank)]
 
 
 @dataclasses.dataclass
 class ContextShard(PackedBatch):
     """One rank's share of a PackedBatch under context parallelism (PackedBatch.context_shard).
 
-    tokens, labels, position_ids [B, 2c]  chunks cp_rank and 2*cp_size-1-cp_rank of each row
+    tokens, labels, position_ids [B, L/N] the rank's 2k chunks of c tokens of each row, in
+                             row order (k = cp_rounds; chunks context_chunks(cp_rank, cp_size, k))
     seq_lens        [B, S]   the local tokens cut into pieces: a segment's tokens in one chunk
     key_prefix_lens [B, S]   tokens of each piece's segment that precede the piece in the row
     row_seq_lens    [B, S']  the whole rows' segment lengths
@@ -288,6 +298,7 @@ class ContextShard(PackedBatch):
     cp_rank: int
     cp_size: int
     group: object = None
+    cp_rounds: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -296,22 +307,22 @@ class ContextShard(PackedBatch):
                 f"key_prefix_lens has shape {tuple(self.key_prefix_lens.shape)}, expected the "
                 f"shape of seq_lens {tuple(self.seq_lens.shape)}"
             )
-        _check_context_split(self.cp_rank, self.cp_size, self.row_len)
+        _check_context_split(self.cp_rank, self.cp_size, self.row_len, self.cp_rounds)
 
     @property
     def chunk_len(self) -> int:
-        return self.shape[1] // 2
+        return self.shape[1] // (2 * self.cp_rounds)
 
     @property
     def row_len(self) -> int:
-        return self.chunk_len * 2 * self.cp_size
+        return self.shape[1] * self.cp_size
 
     @cached_property
     def global_index(self) -> Tensor:
-        """int64 [2c]: the row position of each local token."""
-        c, r, n = self.chunk_len, self.cp_rank, self.cp_size
-        starts = torch.tensor([r * c, (2 * n - 1 - r) * c], device=self.tokens.device)
-        return (starts[:, None] + torch.arange(c, device=self.tokens.device)).flatten()
+        """int64 [L/N]: the row position of each local token."""
+        c, device = self.chunk_len, self.tokens.device
+        chunks = torch.tensor(context_chunks(self.cp_rank, self.cp_size, self.cp_rounds))
+        return (chunks.to(device)[:, None] * c + torch.arange(c, device=device)).flatten()
 
     @cached_property
     def row_doc_ids(self) -> Tensor:
@@ -321,7 +332,7 @@ class ContextShard(PackedBatch):
         return ids.repeat_interleave(self.row_seq_lens.flatten().long()).view(b, self.row_len)
 
     def to_dense_mask(self) -> Tensor:
-        """bool [B, 2c, row_len], True where local query i may attend to row key j."""
+        """bool [B, row_len / cp_size, row_len], True where local query i may attend to row key j."""
         if self.row_len > DENSE_MASK_MAX_LEN:
             raise ValueError(
                 f"to_dense_mask() refuses row_len={self.row_len} > {DENSE_MASK_MAX_LEN}: the mask "
@@ -456,18 +467,20 @@ def _with_remainder_segment(seq_lens: Tensor, tokens_shape: torch.Size) -> Tenso
     return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
 
 
-def _check_context_split(rank: int, size: int, length: int) -> None:
-    for name, value in (("rank", rank), ("size", size)):
+def _check_context_split(rank: int, size: int, length: int, rounds: int) -> None:
+    for name, value in (("rank", rank), ("size", size), ("rounds", rounds)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"context parallel {name}={value!r}; expected an int")
-    if size < 1 or not 0 <= rank < size:
+    if size < 1 or rounds < 1 or not 0 <= rank < size:
         raise ValueError(
-            f"context parallel rank={rank}, size={size}; expected size >= 1, 0 <= rank < size"
+            f"context parallel rank={rank}, size={size}, rounds={rounds}; expected size >= 1, "
+            "rounds >= 1, 0 <= rank < size"
         )
-    if length % (2 * size):
+    if length % (2 * size * rounds):
         raise ValueError(
-            f"a row of L={length} tokens cannot be split over context parallel size {size}: "
-            f"L must be a multiple of 2*size={2 * size} (each rank takes two equal chunks)"
+            f"a row of L={length} tokens cannot be split over context parallel size {size} in "
+            f"{rounds} round(s): L must be a multiple of 2*size*rounds={2 * size * rounds} "
+            "(each rank takes two equal chunks per round)"
         )
 
 

@@ -100,6 +100,7 @@ class LongCtxModule(L.LightningModule):
         pad_id: int | None = None,
         eos_id: int | None = None,
         context_parallel: int = 1,
+        context_parallel_rounds: int = 1,
     ) -> None:
         super().__init__()
         if accumulate_grad_batches < 1:
@@ -120,6 +121,7 @@ class LongCtxModule(L.LightningModule):
         self.compile, self.peak_flops_per_device = compile, peak_flops_per_device
         self.pad_id, self.eos_id = pad_id, eos_id
         self.context_parallel = context_parallel
+        self.context_parallel_rounds = context_parallel_rounds
         self.cp_group = None  # set in setup() once the process group exists
         self.tokens_seen = 0
         self._reset_accumulators()
@@ -135,7 +137,9 @@ class LongCtxModule(L.LightningModule):
         if self.context_parallel == 1:
             return batch
         rank = torch.distributed.get_rank(self.cp_group)
-        return batch.context_shard(rank, self.context_parallel, self.cp_group)
+        return batch.context_shard(
+            rank, self.context_parallel, self.cp_group, self.context_parallel_rounds
+        )
 
     def configure_model(self) -> None:
         if self.compile:
@@ -298,7 +302,9 @@ class LongCtxModule(L.LightningModule):
         shard = self._context_shard(batch)
         token_loss = self.model.token_loss(shard).detach()
         if shard is not batch:  # the rows' losses from the group; its first rank counts them
-            token_loss = gather_row(token_loss, self.cp_group, self.context_parallel)
+            token_loss = gather_row(
+                token_loss, self.cp_group, self.context_parallel, self.context_parallel_rounds
+            )
             if torch.distributed.get_rank(self.cp_group) != 0:
                 return
         self.val_position_loss.update(token_loss, batch)

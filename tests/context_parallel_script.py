@@ -1,8 +1,8 @@
 """Run by tests/test_context_parallel.py: a Llama over W gloo ranks vs. one process.
 
-    python context_parallel_script.py W N
+    python context_parallel_script.py W N [K]
 
-W ranks form W/N data-parallel replicas of N context-parallel ranks. Every replica gets its own
+W ranks form W/N data-parallel replicas of N context-parallel ranks (K head-tail rounds). Every replica gets its own
 batch and every rank of a replica takes its context shard of it, computing logits, the loss sum
 and every parameter gradient; gradients and losses are summed over all ranks (what DDP/FSDP do)
 and the logits gathered within each replica. Rank 0 compares them with one process running all
@@ -66,25 +66,25 @@ def reference(model: Llama, batches: list[PackedBatch]) -> dict[str, torch.Tenso
     return out
 
 
-def distributed(model, batches, context_parallel: int) -> dict[str, torch.Tensor]:
+def distributed(model, batches, context_parallel: int, rounds: int) -> dict[str, torch.Tensor]:
     """This rank's share; on return, sums over all ranks and logits of every replica."""
     group = context_parallel_group(context_parallel)
     replica, replicas = data_parallel_rank_and_size(
         dist.get_rank(), dist.get_world_size(), context_parallel
     )
-    shard = batches[replica].context_shard(dist.get_rank(group), context_parallel, group)
+    shard = batches[replica].context_shard(dist.get_rank(group), context_parallel, group, rounds)
     out = results(model, shard)
     for key, value in out.items():
         if key != "logits":
             dist.all_reduce(value)
-    row_logits = gather_row(out["logits"], group, context_parallel)
+    row_logits = gather_row(out["logits"], group, context_parallel, rounds)
     every = [torch.empty_like(row_logits) for _ in range(dist.get_world_size())]
     dist.all_gather(every, row_logits)
     out["logits"] = torch.stack(every[::context_parallel])  # one copy per replica
     return out
 
 
-def worker(rank: int, world: int, context_parallel: int, port: int) -> None:
+def worker(rank: int, world: int, context_parallel: int, rounds: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -93,7 +93,7 @@ def worker(rank: int, world: int, context_parallel: int, port: int) -> None:
             torch.manual_seed(0)
             model = Llama(CONFIG)
             batches = [make_batch(reset, r) for r in range(world // context_parallel)]
-            got = distributed(model, batches, context_parallel)
+            got = distributed(model, batches, context_parallel, rounds)
             if rank == 0:
                 expected = reference(model, batches)
                 for name, value in expected.items():
@@ -105,6 +105,6 @@ def worker(rank: int, world: int, context_parallel: int, port: int) -> None:
 
 
 if __name__ == "__main__":
-    world, context_parallel = int(sys.argv[1]), int(sys.argv[2])
+    world, context_parallel, *rounds = map(int, sys.argv[1:])
     port = 29000 + os.getpid() % 2000
-    mp.spawn(worker, args=(world, context_parallel, port), nprocs=world)
+    mp.spawn(worker, args=(world, context_parallel, *(rounds or [1]), port), nprocs=world)

@@ -73,24 +73,38 @@ def test_pieces_record_the_keys_before_them_on_other_chunks():
     assert shard.key_prefix_lens.tolist() == [[19, 0, 13]]
 
 
+def test_rounds_interleave_head_tail_pairs_along_the_row():
+    shard = make_batch().context_shard(0, 2, rounds=3)  # 12 chunks of 8 tokens
+    starts = shard.global_index[::8].tolist()
+    assert starts == [0, 24, 32, 56, 64, 88]  # chunks 0, 3 of each segment of 4 chunks
+    assert torch.equal(shard.tokens, make_batch().tokens[:, shard.global_index])
+
+
 @given(
     lengths=st.lists(st.integers(1, 50), min_size=1, max_size=12),
     size=st.sampled_from([1, 2, 3, 4]),
+    rounds=st.sampled_from([1, 2, 3]),
 )
 @settings(max_examples=40, deadline=None)
-def test_dense_masks_of_all_shards_are_the_rows_mask(lengths, size):
-    length = 2 * size * (-(-sum(lengths) // (2 * size)))  # round up to a multiple of 2N
+def test_dense_masks_of_all_shards_are_the_rows_mask(lengths, size, rounds):
+    chunks = 2 * size * rounds
+    length = chunks * (-(-sum(lengths) // chunks))  # round up to a multiple of the chunks
     batch = make_batch(rows=[lengths], length=length)
     full = batch.to_dense_mask()
+    covered = []
     for r in range(size):
-        shard = batch.context_shard(r, size)
+        shard = batch.context_shard(r, size, rounds=rounds)
         assert torch.equal(shard.to_dense_mask(), full[:, shard.global_index])
+        covered += shard.global_index.tolist()
+    assert sorted(covered) == list(range(length))
 
 
 def test_bad_splits_are_named():
     batch = make_batch()
-    with pytest.raises(ValueError, match=r"L=96 .* multiple of 2\*size=10"):
+    with pytest.raises(ValueError, match=r"L=96 .* multiple of 2\*size\*rounds=10"):
         batch.context_shard(0, 5)
+    with pytest.raises(ValueError, match=r"multiple of 2\*size\*rounds=20"):
+        batch.context_shard(0, 2, rounds=5)
     with pytest.raises(ValueError, match="rank=2, size=2"):
         batch.context_shard(2, 2)
     with pytest.raises(ValueError, match="size=0"):
@@ -112,11 +126,11 @@ def test_shard_moves_with_its_metadata():
 
 
 # --------------------------------------------------------------------------- attention
-def simulated_ranks(backend: str, batch: PackedBatch, size: int, q, k, v) -> torch.Tensor:
+def simulated_ranks(backend, batch: PackedBatch, size: int, q, k, v, rounds=1) -> torch.Tensor:
     """Every rank's output written back to its row positions: [B, L, H, D]."""
     out = torch.zeros_like(q)
     for r in range(size):
-        shard = batch.context_shard(r, size, group="simulated")
+        shard = batch.context_shard(r, size, group="simulated", rounds=rounds)
         meta = build_attention_metadata(shard, backend)
         idx = shard.global_index
         out = out.index_copy(
@@ -126,21 +140,21 @@ def simulated_ranks(backend: str, batch: PackedBatch, size: int, q, k, v) -> tor
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager", "flex"])
-@pytest.mark.parametrize("size", [1, 2, 4])
-def test_ranks_together_equal_unsharded_attention(backend, size):
+@pytest.mark.parametrize("size, rounds", [(1, 1), (2, 1), (4, 1), (2, 2)])
+def test_ranks_together_equal_unsharded_attention(backend, size, rounds):
     length = 1024 if backend == "flex" else L  # flex: chunks of whole 128-token tiles
     rows = ROWS if backend != "flex" else [[100, 300, 7, 600, 17], [1024], [37] * 27 + [25]]
     batch = make_batch(rows=rows, length=length)
     q, k, v = make_qkv(len(rows), length)
     with torch.no_grad():
         expected = attention(q, k, v, build_attention_metadata(batch, "eager"))
-        got = simulated_ranks(backend, batch, size, q, k, v)
+        got = simulated_ranks(backend, batch, size, q, k, v, rounds)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
-@pytest.mark.parametrize("size", [2, 3])
-def test_ranks_together_give_the_unsharded_gradients(backend, size):
+@pytest.mark.parametrize("size, rounds", [(2, 1), (3, 1), (2, 4)])
+def test_ranks_together_give_the_unsharded_gradients(backend, size, rounds):
     batch = make_batch()
     q, k, v = make_qkv(len(ROWS), L)
     weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
@@ -151,7 +165,7 @@ def test_ranks_together_give_the_unsharded_gradients(backend, size):
         return [t.grad for t in leaves]
 
     expected = grads(lambda q, k, v: attention(q, k, v, build_attention_metadata(batch, "eager")))
-    got = grads(lambda q, k, v: simulated_ranks(backend, batch, size, q, k, v))
+    got = grads(lambda q, k, v: simulated_ranks(backend, batch, size, q, k, v, rounds))
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
 
@@ -174,21 +188,24 @@ def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
     torch.testing.assert_close(full, ref, atol=1e-6, rtol=0)
 
 
-def test_gather_row_without_a_group_reorders_the_two_chunks():
+def test_gather_row_without_a_group_puts_chunks_back_in_row_order():
     x = torch.arange(12).view(1, 12)
     assert torch.equal(gather_row(x, None, 1), x)
+    assert torch.equal(gather_row(x, None, 1, rounds=3), x)
 
 
 # --------------------------------------------------------------------------- models over gloo
 SCRIPT = Path(__file__).with_name("context_parallel_script.py")
 
 
-@pytest.mark.parametrize("world, context_parallel", [(2, 2), (4, 4), (4, 2)])
-def test_model_over_gloo_ranks_equals_one_rank(world, context_parallel):
-    """Logits, loss and every parameter gradient of N gloo ranks equal one process (1e-5);
-    (4, 2) is a 2 x 2 mesh: two data-parallel replicas, each row split over two ranks."""
+@pytest.mark.parametrize(
+    "world, context_parallel, rounds", [(2, 2, 1), (2, 2, 3), (4, 4, 1), (4, 2, 2)]
+)
+def test_model_over_gloo_ranks_equals_one_rank(world, context_parallel, rounds):
+    """Logits, loss and every parameter gradient of W gloo ranks equal one process (1e-5);
+    (4, 2, _) is a 2 x 2 mesh: two data-parallel replicas, each row split over two ranks."""
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(world), str(context_parallel)],
+        [sys.executable, str(SCRIPT), str(world), str(context_parallel), str(rounds)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -262,7 +279,8 @@ def test_context_parallel_training_equals_one_rank_and_resumes_across_sizes(tmp_
         step3_checkpoint(runs / "cp1", tmp_path),
         step3_checkpoint(runs / "cp2", tmp_path),
     )
-    run_train([*CP_RUN, *CP2, "run_name=up", f"ckpt_path={cp1_mid}"], tmp_path)
+    rounds = "trainer.context_parallel_rounds=4"  # and interleaved chunks, for good measure
+    run_train([*CP_RUN, *CP2, rounds, "run_name=up", f"ckpt_path={cp1_mid}"], tmp_path)
     run_train([*CP_RUN, "run_name=down", f"ckpt_path={cp2_mid}"], tmp_path)
     assert_same_training(runs / "up", runs / "cp1", first_step=3)
     assert_same_training(runs / "down", runs / "cp1", first_step=3)
@@ -284,6 +302,11 @@ def test_context_parallel_under_fsdp2_trains_like_one_process(tmp_path):
         ([*CP2, "trainer.context_parallel=3"], "context_parallel=3 must divide the world size 2"),
         ([*CP2, "data.seq_len=250"], "data.seq_len=250 must be a multiple of 2 x"),
         (["trainer.context_parallel=0"], "trainer.context_parallel=0; expected an int >= 1"),
+        (
+            [*CP2, "trainer.context_parallel_rounds=3"],
+            "data.seq_len=256 must be a multiple of 2 x trainer.context_parallel x "
+            "trainer.context_parallel_rounds = 12",
+        ),
     ],
 )
 def test_bad_context_parallel_config_stops_before_training(overrides, message, tmp_path):
@@ -299,4 +322,4 @@ def test_context_parallel_refuses_models_and_flex_shapes_it_cannot_split():
         check_context_parallel(cfg, lambda: None, 256)
     with pytest.raises(ConfigError, match=r"seq_len=256 must be a multiple of .* = 512"):
         check_context_parallel(cfg, tiny_config(attn_backend="flex"), 256)
-    assert check_context_parallel(cfg, tiny_config(attn_backend="flex"), 512) == 2
+    assert check_context_parallel(cfg, tiny_config(attn_backend="flex"), 512) == (2, 1)

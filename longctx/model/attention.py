@@ -74,8 +74,8 @@ class AttentionMetadata:
 
     Only the fields of ``backend`` are set. Shapes: cu_seqlens int32 [num_segments + 1] over
     the flattened B*L tokens; dense_mask bool [B, 1, L, L]. For a ContextShard, L is the local
-    length 2c, segments are the shard's pieces, keys span the whole row (dense_mask
-    [B, 1, 2c, row_len]) and ``context`` holds what the gathered keys need.
+    length L/N, segments are the shard's pieces, keys span the whole row (dense_mask
+    [B, 1, L/N, row_len]) and ``context`` holds what the gathered keys need.
     """
 
     backend: str
@@ -176,16 +176,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tenso
 
 
 def context_attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
-    """Local queries [B, 2c, H, D] against the whole rows' keys, gathered from the group."""
+    """Local queries [B, L/N, H, D] against the whole rows' keys, gathered from the group."""
     ctx = meta.context
-    k_row, v_row = (gather_row(x, ctx.group, ctx.size) for x in (k, v))
+    k_row, v_row = (gather_row(x, ctx.group, ctx.size, ctx.rounds) for x in (k, v))
     return attention_over_row(q, k, v, k_row, v_row, meta)
 
 
 def attention_over_row(
     q: Tensor, k: Tensor, v: Tensor, k_row: Tensor, v_row: Tensor, meta: AttentionMetadata
 ) -> Tensor:
-    """The shard's queries q [B, 2c, H, D] given its own keys k, v [B, 2c, Hkv, D] and the
+    """The shard's queries q [B, L/N, H, D] given its own keys k, v [B, L/N, Hkv, D] and the
     whole rows' keys k_row, v_row [B, L, Hkv, D]; the gather's consumer, separate for tests."""
     ctx = meta.context
     if meta.backend == "sdpa":  # local keys serve every piece whose document starts locally

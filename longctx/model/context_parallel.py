@@ -1,6 +1,7 @@
 """Context parallelism: one packed row split over N ranks, documents masked exactly.
 
-Each rank holds chunks r and 2N-1-r of every row (``PackedBatch.context_shard``). Attention is
+Each rank holds chunks r and 2N-1-r of every row, or of every one of k segments of the row with
+k rounds (``PackedBatch.context_shard``). Attention is
 the all-gather design of the Llama 3 paper: every layer gathers the whole row's K and V from the
 group (cheap with GQA: only the Hkv heads travel) and the rank's own queries attend to them under
 the document mask. The gather's backward is a reduce-scatter: each rank receives the K/V gradient
@@ -10,14 +11,14 @@ What a local query sees: the keys of its own piece (causal) and, when its docume
 earlier chunk, the ``key_prefix_lens`` keys before the piece. Per backend:
 
 - ``sdpa``: the shard's pieces run through the usual per-document plan on the *local* K/V (exact
-  for every piece whose document starts in the chunk); the at most two pieces per row whose
+  for every piece whose document starts in the chunk); the at most 2k pieces per row whose
   document started earlier (one per chunk, at its first token) are then recomputed against the
   gathered keys with a lower-right causal mask, in query blocks under checkpoint so no mask or
   score matrix outlives its block, and spliced in.
 - ``flash``: varlen with separate query and key cu_seqlens; the keys of each piece are its
   document's span of the gathered row, and the kernel's causal mask is aligned bottom-right.
 - ``flex``: a BlockMask of local query tiles against the row's key tiles.
-- ``eager``: the dense [B, 2c, L] mask (the reference, small L).
+- ``eager``: the dense [B, L/N, L] mask (the reference, small L).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from longctx.batch import ContextShard
+from longctx.batch import ContextShard, context_chunks
 
 # Elements of one query block's [q, k] mask in the sdpa path (4M: a 16 MB fp32 additive mask).
 MASK_BLOCK_ELEMENTS = 1 << 22
@@ -41,12 +42,13 @@ class ContextMetadata:
     """The context-parallel part of AttentionMetadata (built once per forward).
 
     prefixed: (flat query start, query length, flat key start, key length) of every piece whose
-        document began before it, over the local B*2c queries and the gathered B*L keys.
+        document began before it, over the local B*L/N queries and the gathered B*L keys.
     key_index / cu_seqlens_k / max_seqlen_k: flash only; the packed key spans of all pieces.
     """
 
     group: object
     size: int
+    rounds: int
     row_len: int
     prefixed: tuple[tuple[int, int, int, int], ...] = ()
     key_index: Tensor | None = None
@@ -61,7 +63,7 @@ def build_context_metadata(shard: ContextShard, backend: str) -> ContextMetadata
             "(PackedBatch.context_shard(rank, size, group)) to gather keys and values"
         )
     spans = _piece_spans(shard)
-    meta = ContextMetadata(shard.group, shard.cp_size, shard.row_len)
+    meta = ContextMetadata(shard.group, shard.cp_size, shard.cp_rounds, shard.row_len)
     if backend == "sdpa":
         return dataclasses.replace(meta, prefixed=tuple(s for s in spans if s[1] != s[3]))
     if backend == "flash":
@@ -96,19 +98,21 @@ def _piece_spans(shard: ContextShard) -> list[tuple[int, int, int, int]]:
 
 
 # --------------------------------------------------------------------------- gather
-def gather_row(x_local: Tensor, group, size: int) -> Tensor:
-    """[B, 2c, ...] local chunks of every rank -> [B, L, ...] whole rows, in row order.
+def gather_row(x_local: Tensor, group, size: int, rounds: int = 1) -> Tensor:
+    """[B, L/N, ...] local chunks of every rank -> [B, L, ...] whole rows, in row order.
 
     Differentiable: the backward reduce-scatters the rows' gradient back to the owning ranks.
     """
     b, local_len = x_local.shape[:2]
-    c = local_len // 2
-    halves = x_local.reshape(b, 2, c, *x_local.shape[2:]).transpose(0, 1)  # [2, B, c, ...]
-    chunks = _AllGather.apply(halves, group) if size > 1 else halves  # rank r: 2r, 2r+1
-    # row chunk g lives on rank g (its first half) for g < N, else on rank 2N-1-g (second half)
-    order = [2 * g if g < size else 2 * (2 * size - 1 - g) + 1 for g in range(2 * size)]
+    per_rank = 2 * rounds
+    c = local_len // per_rank
+    chunks = x_local.reshape(b, per_rank, c, *x_local.shape[2:]).transpose(0, 1)  # [2k, B, c]
+    if size > 1:  # rank r's chunks land at r*2k .. r*2k + 2k-1
+        chunks = _AllGather.apply(chunks, group)
+    held = [g for r in range(size) for g in context_chunks(r, size, rounds)]
+    order = sorted(range(len(held)), key=held.__getitem__)  # gathered slot of each row chunk
     ordered = chunks.index_select(0, torch.tensor(order, device=x_local.device))
-    return ordered.transpose(0, 1).reshape(b, 2 * size * c, *x_local.shape[2:])
+    return ordered.transpose(0, 1).reshape(b, size * local_len, *x_local.shape[2:])
 
 
 class _AllGather(torch.autograd.Function):
@@ -140,7 +144,7 @@ def splice_prefixed_pieces(
     out_local: Tensor, q: Tensor, k_row: Tensor, v_row: Tensor, meta: ContextMetadata
 ) -> Tensor:
     """Replace the outputs of pieces whose document began earlier by attention over their
-    document's whole key span. out_local, q [B, 2c, H, D]; k_row, v_row [B, L, Hkv, D]."""
+    document's whole key span. out_local, q [B, L/N, H, D]; k_row, v_row [B, L, Hkv, D]."""
     if not meta.prefixed:
         return out_local
     b, local_len, h, d = q.shape
