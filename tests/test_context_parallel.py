@@ -175,9 +175,18 @@ def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
 
     q, k, v = make_qkv(1, 40)
     q, k, v = q[0, 25:], k[0], v[0]  # 15 queries, the last of 40 keys
-    full = lower_right_causal_attention(q, k, v)
-    monkeypatch.setattr(cp, "MASK_BLOCK_ELEMENTS", 40 * 4)  # blocks of 4 queries
-    torch.testing.assert_close(lower_right_causal_attention(q, k, v), full, atol=1e-6, rtol=0)
+    weight = torch.randn(15, H, D)
+
+    def value_and_grads():
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = lower_right_causal_attention(*leaves)
+        (out * weight).sum().backward()
+        return [out.detach()] + [t.grad for t in leaves]
+
+    one_call = value_and_grads()
+    monkeypatch.setattr(cp, "MASK_BLOCK_ELEMENTS", 40 * 4)  # blocks of 4 queries, checkpointed
+    for got, expected in zip(value_and_grads(), one_call, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
     mask = torch.ones(15, 40, dtype=torch.bool).tril(25)
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1),
@@ -185,7 +194,7 @@ def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
         v.transpose(0, 1).repeat_interleave(2, 0),
         attn_mask=mask,
     ).transpose(0, 1)
-    torch.testing.assert_close(full, ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(one_call[0], ref, atol=1e-6, rtol=0)
 
 
 def test_gather_row_without_a_group_puts_chunks_back_in_row_order():
