@@ -12,6 +12,7 @@ edges, one document longer than a chunk and a pad tail (fp32, 1e-5). Prints "com
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -91,7 +92,8 @@ def worker(rank: int, world: int, context_parallel: int, rounds: int, port: int)
     try:
         for reset in (True, False):
             torch.manual_seed(0)
-            model = Llama(CONFIG)
+            # with activation checkpointing, backward re-gathers K/V on every rank in step
+            model = Llama(dataclasses.replace(CONFIG, activation_checkpointing=not reset))
             batches = [make_batch(reset, r) for r in range(world // context_parallel)]
             got = distributed(model, batches, context_parallel, rounds)
             if rank == 0:

@@ -589,9 +589,15 @@ class LongCtxDataModule(L.LightningDataModule):
         mine, saved = self._fingerprint(), state["fingerprint"]
         changed = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if changed:
+            hint = (
+                "; world_size is the data-parallel size (processes / context_parallel): keep it "
+                "(a change of context_parallel that keeps it resumes exactly)"
+                if "world_size" in changed
+                else ""
+            )
             raise ValueError(
                 f"cannot resume the data stream exactly: settings changed since the "
-                f"checkpoint (saved, now): {changed}"
+                f"checkpoint (saved, now): {changed}{hint}"
             )
         ranks = {int(r): v for r, v in state["ranks"].items()}
         if self.rank not in ranks:
