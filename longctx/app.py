@@ -127,16 +127,16 @@ def check_model_seq_len(model_config, seq_len: int) -> None:
         raise ConfigError(f"model: {err}") from err
 
 
-def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> tuple[int, int]:
+def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> None:
     """trainer.context_parallel (ranks that split each row) and trainer.context_parallel_rounds
-    (head-tail rounds per row); returned once they can work."""
+    (head-tail rounds per row) can work with this world, sequence length and model."""
     size = cfg.trainer.get("context_parallel", 1)
     rounds = cfg.trainer.get("context_parallel_rounds", 1)
     for key, value in (("context_parallel", size), ("context_parallel_rounds", rounds)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"trainer.{key}={value!r}; expected an int >= 1")
     if size == 1:
-        return size, rounds
+        return
     devices = cfg.trainer.get("devices", 1)
     world = devices * int(cfg.trainer.get("num_nodes", 1)) if isinstance(devices, int) else None
     if world is not None and (size > world or world % size):
@@ -161,7 +161,6 @@ def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> tuple
             f"data.seq_len={seq_len} must be a multiple of {chunks} chunks x 128 = "
             f"{chunks * 128} for attn_backend=flex (whole FlexAttention blocks per chunk)"
         )
-    return size, rounds
 
 
 def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:

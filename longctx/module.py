@@ -105,9 +105,7 @@ class LongCtxModule(L.LightningModule):
         super().__init__()
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
-        if isinstance(context_parallel, bool) or not isinstance(context_parallel, int):
-            raise ValueError(f"context_parallel={context_parallel!r}; expected an int >= 1")
-        if context_parallel > 1 and not isinstance(model_config, LlamaConfig):
+        if context_parallel != 1 and not isinstance(model_config, LlamaConfig):
             raise ValueError(
                 f"context_parallel={context_parallel} needs longctx's Llama (a LlamaConfig): "
                 f"other models' attention cannot take a row split over ranks"

@@ -331,4 +331,4 @@ def test_context_parallel_refuses_models_and_flex_shapes_it_cannot_split():
         check_context_parallel(cfg, lambda: None, 256)
     with pytest.raises(ConfigError, match=r"seq_len=256 must be a multiple of .* = 512"):
         check_context_parallel(cfg, tiny_config(attn_backend="flex"), 256)
-    assert check_context_parallel(cfg, tiny_config(attn_backend="flex"), 512) == (2, 1)
+    check_context_parallel(cfg, tiny_config(attn_backend="flex"), 512)  # whole blocks: fine
