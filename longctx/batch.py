@@ -147,7 +147,7 @@ class PackedBatch:
 
     @property
     def row_len(self) -> int:
-        """Tokens per whole row: L here; a ContextShard holds two chunks of each row."""
+        """Tokens per whole row: L here; a ContextShard holds a part of each row."""
         return self.shape[1]
 
     @cached_property
