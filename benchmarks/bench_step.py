@@ -8,6 +8,7 @@ a fresh subprocess so ru_maxrss is that run's peak RSS.
 
     .venv/bin/python benchmarks/bench_step.py           # full table -> results/step.json
     .venv/bin/python benchmarks/bench_step.py --quick   # 4k only -> results/step_quick.json
+    .venv/bin/python benchmarks/bench_step.py --repeat 2 --only longctx:16384,hf_packed:16384
 """
 
 from __future__ import annotations
@@ -154,6 +155,15 @@ def run_in_subprocess(impl: str, length: int, args) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _fastest(passes: list[dict]) -> dict:
+    """The pass with the shortest mean step (the shared machine only ever slows a run down),
+    with every pass's step time kept alongside."""
+    ok = [r for r in passes if "error" not in r]
+    if not ok:
+        return passes[-1]
+    return {**min(ok, key=lambda r: r["step_s"]), "step_s_passes": [r["step_s"] for r in ok]}
+
+
 def summarise(rows: list[dict]) -> dict:
     tps = {(r["impl"], r["L"]): r.get("tokens_per_s") for r in rows}
     ratios = {}
@@ -194,6 +204,8 @@ def main() -> None:
     p.add_argument("--ckpt-from", type=int, default=1 << 40, help="checkpoint layers from this L")
     p.add_argument("--min-steps", type=int, default=2)
     p.add_argument("--min-seconds", type=float, default=10.0)
+    p.add_argument("--repeat", type=int, default=1, help="passes over all runs; fastest kept")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default results/step.json)")
     p.add_argument("--child", nargs=2, metavar=("IMPL", "L"), help=argparse.SUPPRESS)
     p.add_argument("--ckpt", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -206,16 +218,18 @@ def main() -> None:
         runs = [(s.split(":")[0], int(s.split(":")[1])) for s in args.only.split(",")]
     if args.quick:
         args.min_steps, args.min_seconds = 1, 0.0
-    rows = []
-    for impl, length in runs:
-        rows.append(run_in_subprocess(impl, length, args))
-        print(f"done {impl} L={length}", file=sys.stderr, flush=True)
+    results: dict[tuple[str, int], list[dict]] = {run: [] for run in runs}
+    for rep in range(args.repeat):  # interleaved passes: each run sees the machine's moods
+        for impl, length in runs:
+            results[impl, length].append(run_in_subprocess(impl, length, args))
+            print(f"done {impl} L={length} pass {rep}", file=sys.stderr, flush=True)
+    rows = [_fastest(passes) for passes in results.values()]
     print_table(rows, sorted({n for i, n in runs if i == "longctx"}))
     ratios = summarise(rows)
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / ("step_quick.json" if args.quick else "step.json")
+    out = args.out or RESULTS / ("step_quick.json" if args.quick else "step.json")
     meta = dict(
         threads=2, torch=torch.__version__, backend="sdpa", reset_position_ids=True,
         lengths="one row per L, lognormal median 600 sigma 1.0 (seed 0), last document cut",
