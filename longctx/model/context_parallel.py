@@ -42,7 +42,8 @@ class ContextMetadata:
     """The context-parallel part of AttentionMetadata (built once per forward).
 
     prefixed: (flat query start, query length, flat key start, key length) of every piece whose
-        document began before it, over the local B*L/N queries and the gathered B*L keys.
+        document began before it, over the local B*L/N queries and the gathered B*L keys;
+        prefixed_query_index / prefixed_key_index: those spans' flat indices, concatenated.
     key_index / cu_seqlens_k / max_seqlen_k: flash only; the packed key spans of all pieces.
     """
 
@@ -51,6 +52,8 @@ class ContextMetadata:
     rounds: int
     row_len: int
     prefixed: tuple[tuple[int, int, int, int], ...] = ()
+    prefixed_query_index: Tensor | None = None
+    prefixed_key_index: Tensor | None = None
     key_index: Tensor | None = None
     cu_seqlens_k: Tensor | None = None
     max_seqlen_k: int = 0
@@ -64,19 +67,31 @@ def build_context_metadata(shard: ContextShard, backend: str) -> ContextMetadata
         )
     spans = _piece_spans(shard)
     meta = ContextMetadata(shard.group, shard.cp_size, shard.cp_rounds, shard.row_len)
+    device = shard.tokens.device
     if backend == "sdpa":
-        return dataclasses.replace(meta, prefixed=tuple(s for s in spans if s[1] != s[3]))
-    if backend == "flash":
-        key_lens = torch.tensor([s[3] for s in spans], dtype=torch.int32)
-        key_index = torch.cat([torch.arange(s[2], s[2] + s[3]) for s in spans])
-        device = shard.tokens.device
+        prefixed = tuple(s for s in spans if s[1] != s[3])
+        if not prefixed:
+            return meta
         return dataclasses.replace(
             meta,
-            key_index=key_index.to(device),
+            prefixed=prefixed,
+            prefixed_query_index=_span_index([(s[0], s[1]) for s in prefixed]).to(device),
+            prefixed_key_index=_span_index([(s[2], s[3]) for s in prefixed]).to(device),
+        )
+    if backend == "flash":
+        key_lens = torch.tensor([s[3] for s in spans], dtype=torch.int32)
+        return dataclasses.replace(
+            meta,
+            key_index=_span_index([(s[2], s[3]) for s in spans]).to(device),
             cu_seqlens_k=F.pad(key_lens.cumsum(0, dtype=torch.int32), (1, 0)).to(device),
             max_seqlen_k=int(key_lens.max()),
         )
     return meta
+
+
+def _span_index(spans: list[tuple[int, int]]) -> Tensor:
+    """int64 flat indices of the (start, length) spans, concatenated."""
+    return torch.cat([torch.arange(start, start + n) for start, n in spans])
 
 
 def _piece_spans(shard: ContextShard) -> list[tuple[int, int, int, int]]:
@@ -148,20 +163,20 @@ def splice_prefixed_pieces(
     if not meta.prefixed:
         return out_local
     b, local_len, h, d = q.shape
-    q_flat = q.reshape(b * local_len, h, d)
-    k_flat, v_flat = (x.reshape(-1, *x.shape[2:]) for x in (k_row, v_row))
-    fixed, query_idx = [], []
-    for q_start, q_len, k_start, k_len in meta.prefixed:
-        fixed.append(
-            lower_right_causal_attention(
-                q_flat[q_start : q_start + q_len],
-                k_flat[k_start : k_start + k_len],
-                v_flat[k_start : k_start + k_len],
-            )
-        )
-        query_idx.append(torch.arange(q_start, q_start + q_len))
-    idx = torch.cat(query_idx).to(q.device)
-    spliced = out_local.reshape(b * local_len, h, d).index_copy(0, idx, torch.cat(fixed))
+    # one gather per tensor, then views: slicing each span out of the whole tensors would give
+    # every span a full-size gradient buffer in backward
+    q_lens, k_lens = [s[1] for s in meta.prefixed], [s[3] for s in meta.prefixed]
+    q_spans = q.reshape(b * local_len, h, d).index_select(0, meta.prefixed_query_index)
+    k_spans, v_spans = (
+        x.reshape(-1, *x.shape[2:]).index_select(0, meta.prefixed_key_index).split(k_lens)
+        for x in (k_row, v_row)
+    )
+    fixed = [
+        lower_right_causal_attention(q_span, k_span, v_span)
+        for q_span, k_span, v_span in zip(q_spans.split(q_lens), k_spans, v_spans, strict=True)
+    ]
+    flat = out_local.reshape(b * local_len, h, d)
+    spliced = flat.index_copy(0, meta.prefixed_query_index, torch.cat(fixed))
     return spliced.view(b, local_len, h, d)
 
 
