@@ -24,7 +24,11 @@ from longctx.app import ConfigError, check_context_parallel, run
 from longctx.batch import ContextShard, PackedBatch
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import attention, attention_over_row, build_attention_metadata
-from longctx.model.context_parallel import gather_row, lower_right_causal_attention
+from longctx.model.context_parallel import (
+    build_context_metadata,
+    gather_row,
+    lower_right_causal_attention,
+)
 
 H, HKV, D = 4, 2, 16
 L = 96
@@ -168,6 +172,33 @@ def test_ranks_together_give_the_unsharded_gradients(backend, size, rounds):
     got = grads(lambda q, k, v: simulated_ranks(backend, batch, size, q, k, v, rounds))
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("size, rounds", [(2, 1), (3, 2)])
+def test_flash_key_spans_feed_a_varlen_kernel_exactly(size, rounds):
+    """The flash path's inputs (query cu_seqlens = the shard's, packed key spans, key
+    cu_seqlens) run through a CPU stand-in of a bottom-right causal varlen kernel."""
+    batch = make_batch()
+    q, k, v = make_qkv(len(ROWS), L)
+    with torch.no_grad():
+        expected = attention(q, k, v, build_attention_metadata(batch, "eager"))
+        for r in range(size):
+            shard = batch.context_shard(r, size, group="simulated", rounds=rounds)
+            meta = build_context_metadata(shard, "flash")
+            q_flat = q[:, shard.global_index].flatten(0, 1)
+            k_packed, v_packed = (x.flatten(0, 1)[meta.key_index] for x in (k, v))
+            cu_q, cu_k = shard.cu_seqlens.tolist(), meta.cu_seqlens_k.tolist()
+            outs = [
+                lower_right_causal_attention(
+                    q_flat[cu_q[i] : cu_q[i + 1]],
+                    k_packed[cu_k[i] : cu_k[i + 1]],
+                    v_packed[cu_k[i] : cu_k[i + 1]],
+                )
+                for i in range(len(cu_q) - 1)
+            ]
+            got = torch.cat(outs).view(len(ROWS), -1, H, D)
+            assert meta.max_seqlen_k == int(meta.cu_seqlens_k.diff().max())
+            torch.testing.assert_close(got, expected[:, shard.global_index], atol=1e-5, rtol=0)
 
 
 def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
