@@ -13,8 +13,8 @@ earlier chunk, the ``key_prefix_lens`` keys before the piece. Per backend:
 - ``sdpa``: the shard's pieces run through the usual per-document plan on the *local* K/V (exact
   for every piece whose document starts in the chunk); the at most 2k pieces per row whose
   document started earlier (one per chunk, at its first token) are then recomputed against the
-  gathered keys with a lower-right causal mask (long ones in query blocks under checkpoint, so
-  no large mask outlives its block) and spliced in.
+  gathered keys with a lower-right causal mask (in query blocks under checkpoint, so no mask
+  outlives its block) and spliced in.
 - ``flash``: varlen with separate query and key cu_seqlens; the keys of each piece are its
   document's span of the gathered row, and the kernel's causal mask is aligned bottom-right.
 - ``flex``: a BlockMask of local query tiles against the row's key tiles.
@@ -183,14 +183,13 @@ def splice_prefixed_pieces(
 def lower_right_causal_attention(q_QHD: Tensor, k_KHD: Tensor, v_KHD: Tensor) -> Tensor:
     """Queries that are the last Q of K keys: query i sees keys 0 .. K-Q+i. -> [Q, H, D].
 
-    One masked SDPA call when the [Q, K] mask fits MASK_BLOCK_ELEMENTS; otherwise blocks of
-    queries, each under checkpoint when gradients are on, so a block's mask and scores are
-    rebuilt in backward instead of kept: memory stays one block's whatever Q and K.
+    In blocks of queries whose [q, k] mask has at most MASK_BLOCK_ELEMENTS, each under
+    checkpoint when gradients are on: SDPA would keep its float mask for backward, which over
+    the 2k pieces per row of every layer adds up to gigabytes at 128k (measured); rebuilt in
+    backward instead, memory stays one block's whatever Q, K and the number of pieces.
     """
     q_len, k_len = q_QHD.shape[0], k_KHD.shape[0]
     block = max(1, MASK_BLOCK_ELEMENTS // k_len)
-    if q_len <= block:
-        return _masked_block(q_QHD, k_KHD, v_KHD)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_QHD, k_KHD, v_KHD))
     outs = []
     for start in range(0, q_len, block):
