@@ -163,6 +163,13 @@ def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> None:
         )
 
 
+def pop_context_parallel(cfg: DictConfig) -> tuple[int, int]:
+    """Take longctx's own keys out of cfg.trainer (lightning.Trainer refuses them):
+    (context_parallel, context_parallel_rounds)."""
+    with open_dict(cfg.trainer):
+        return cfg.trainer.pop("context_parallel", 1), cfg.trainer.pop("context_parallel_rounds", 1)
+
+
 def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:
     """Weights, gradients and AdamW state per device (activations not included)."""
     return model_config.num_params() * BYTES_PER_PARAM_TRAINING // max(shards, 1)
@@ -250,9 +257,7 @@ def run(cfg: DictConfig) -> dict:
 
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
-    with open_dict(cfg.trainer):  # longctx settings, not lightning.Trainer arguments
-        context_parallel = cfg.trainer.pop("context_parallel", 1)
-        context_parallel_rounds = cfg.trainer.pop("context_parallel_rounds", 1)
+    context_parallel, context_parallel_rounds = pop_context_parallel(cfg)
     datamodule = LongCtxDataModule(data_config, context_parallel=context_parallel)
     datamodule.prepare_data()
     try:
