@@ -44,17 +44,8 @@ def build_document_block_mask(batch: PackedBatch, block_size: int = FLEX_BLOCK_S
     if length % block_size:  # the last q tile holds pad rows beyond L: mask them too
         partial_BQK[:, -1] |= full_BQK[:, -1]
         full_BQK[:, -1] = False
-    kv_num, kv_idx = _as_block_lists(partial_BQK)
-    full_num, full_idx = _as_block_lists(full_BQK)
-    return BlockMask.from_kv_blocks(
-        kv_num,
-        kv_idx,
-        full_num,
-        full_idx,
-        BLOCK_SIZE=block_size,
-        mask_mod=document_causal_mask_mod(doc_ids_BP),
-        seq_lengths=(length, length),
-    )
+    mask_mod = document_causal_mask_mod(doc_ids_BP)
+    return _block_mask(partial_BQK, full_BQK, mask_mod, block_size, (length, length))
 
 
 def build_context_block_mask(shard: ContextShard, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
@@ -72,14 +63,19 @@ def build_context_block_mask(shard: ContextShard, block_size: int = FLEX_BLOCK_S
     tiles = shard.row_doc_ids.view(b, n_tiles, block_size)
     partial_BQK, full_BQK = _classify_tiles(tiles[..., 0], tiles[..., -1])
     q_tiles = (shard.global_index[::block_size] // block_size).to(tiles.device)
-    kv_num, kv_idx = _as_block_lists(partial_BQK[:, q_tiles])
-    full_num, full_idx = _as_block_lists(full_BQK[:, q_tiles])
     row_pos, doc_ids = shard.global_index.to(tiles.device), shard.row_doc_ids
 
     def mask_mod(b, h, q_idx, kv_idx):
         q_pos = row_pos[q_idx]
         return (doc_ids[b, q_pos] == doc_ids[b, kv_idx]) & (q_pos >= kv_idx)
 
+    lengths = (shard.shape[1], shard.row_len)
+    return _block_mask(partial_BQK[:, q_tiles], full_BQK[:, q_tiles], mask_mod, block_size, lengths)
+
+
+def _block_mask(partial_BQK, full_BQK, mask_mod, block_size: int, seq_lengths) -> BlockMask:
+    kv_num, kv_idx = _as_block_lists(partial_BQK)
+    full_num, full_idx = _as_block_lists(full_BQK)
     return BlockMask.from_kv_blocks(
         kv_num,
         kv_idx,
@@ -87,7 +83,7 @@ def build_context_block_mask(shard: ContextShard, block_size: int = FLEX_BLOCK_S
         full_idx,
         BLOCK_SIZE=block_size,
         mask_mod=mask_mod,
-        seq_lengths=(shard.shape[1], shard.row_len),
+        seq_lengths=seq_lengths,
     )
 
 
