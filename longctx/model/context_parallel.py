@@ -65,9 +65,10 @@ def build_context_metadata(shard: ContextShard, backend: str) -> ContextMetadata
             f"a ContextShard of cp_size={shard.cp_size} needs the process group of its ranks "
             "(PackedBatch.context_shard(rank, size, group)) to gather keys and values"
         )
-    spans = _piece_spans(shard)
     meta = ContextMetadata(shard.group, shard.cp_size, shard.cp_rounds, shard.row_len)
-    device = shard.tokens.device
+    if backend not in ("sdpa", "flash"):  # eager and flex read the shard's own mask inputs
+        return meta
+    spans, device = _piece_spans(shard), shard.tokens.device
     if backend == "sdpa":
         prefixed = tuple(s for s in spans if s[1] != s[3])
         if not prefixed:
@@ -78,15 +79,13 @@ def build_context_metadata(shard: ContextShard, backend: str) -> ContextMetadata
             prefixed_query_index=_span_index([(s[0], s[1]) for s in prefixed]).to(device),
             prefixed_key_index=_span_index([(s[2], s[3]) for s in prefixed]).to(device),
         )
-    if backend == "flash":
-        key_lens = torch.tensor([s[3] for s in spans], dtype=torch.int32)
-        return dataclasses.replace(
-            meta,
-            key_index=_span_index([(s[2], s[3]) for s in spans]).to(device),
-            cu_seqlens_k=F.pad(key_lens.cumsum(0, dtype=torch.int32), (1, 0)).to(device),
-            max_seqlen_k=int(key_lens.max()),
-        )
-    return meta
+    key_lens = torch.tensor([s[3] for s in spans], dtype=torch.int32)
+    return dataclasses.replace(
+        meta,
+        key_index=_span_index([(s[2], s[3]) for s in spans]).to(device),
+        cu_seqlens_k=F.pad(key_lens.cumsum(0, dtype=torch.int32), (1, 0)).to(device),
+        max_seqlen_k=int(key_lens.max()),
+    )
 
 
 def _span_index(spans: list[tuple[int, int]]) -> Tensor:
