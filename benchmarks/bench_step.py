@@ -4,7 +4,9 @@ longctx (sdpa backend, document masking, reset positions) at L = 4k .. 128k, aga
 transformers' LlamaForCausalLM with the same weights on the same documents, packed the way
 its docs recommend (one row, reset position_ids, attention_mask=None, use_cache=False,
 attn_implementation="sdpa"), and run document by document. Every (implementation, L) runs in
-a fresh subprocess so ru_maxrss is that run's peak RSS.
+a fresh subprocess so ru_maxrss is that run's peak RSS. Every run keeps freed memory for reuse
+(longctx.cpu_memory, as train.py does on CPU); one extra longctx row at 16k runs with glibc's
+default malloc to show what that setting is worth.
 
     .venv/bin/python benchmarks/bench_step.py           # full table -> results/step.json
     .venv/bin/python benchmarks/bench_step.py --quick   # 4k only -> results/step_quick.json
@@ -27,16 +29,19 @@ import torch
 import torch.nn.functional as F
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.cpu_memory import retain_freed_memory
 from longctx.model import Llama, LlamaConfig, estimate_flops
 from longctx.model.hf import config_to_hf, to_hf_name
 
 RESULTS = Path(__file__).parent / "results"
-FULL_RUNS = [("longctx", n) for n in (4096, 16384, 65536, 131072)] + [
-    ("hf_packed", 4096),
-    ("hf_packed", 16384),
-    ("hf_per_doc", 4096),
+RETAIN, DEFAULT = "retain", "default"  # malloc: freed memory kept for reuse, or glibc's default
+FULL_RUNS = [("longctx", n, RETAIN) for n in (4096, 16384, 65536, 131072)] + [
+    ("longctx", 16384, DEFAULT),
+    ("hf_packed", 4096, RETAIN),
+    ("hf_packed", 16384, RETAIN),
+    ("hf_per_doc", 4096, RETAIN),
 ]
-QUICK_RUNS = [("longctx", 4096), ("hf_packed", 4096)]
+QUICK_RUNS = [("longctx", 4096, RETAIN), ("hf_packed", 4096, RETAIN)]
 HF_PACKED_MAX_LEN = 16384  # above this its dense [L, L] mask would not fit: reported n/a
 
 
@@ -112,8 +117,10 @@ def _ce_sum(logits, labels):
 STEPS = {"longctx": longctx_step, "hf_packed": hf_packed_step, "hf_per_doc": hf_per_doc_step}
 
 
-def run_child(impl: str, length: int, min_steps: int, min_seconds: float, ckpt: bool) -> dict:
+def run_child(impl: str, length: int, malloc: str, min_steps: int, min_seconds: float, ckpt: bool):
     torch.set_num_threads(2)
+    if malloc == RETAIN:
+        retain_freed_memory()
     batch = make_batch(length)
     model = make_longctx(ckpt).train() if impl == "longctx" else make_hf().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -131,7 +138,7 @@ def run_child(impl: str, length: int, min_steps: int, min_seconds: float, ckpt: 
     flops = estimate_flops(model_config(), batch.seq_lens)
     lens = batch.seq_lens.flatten().double()
     return dict(
-        impl=impl, L=length, docs=batch.num_segments, max_doc=int(lens.max()),
+        impl=impl, L=length, malloc=malloc, docs=batch.num_segments, max_doc=int(lens.max()),
         pair_fraction=float((lens**2).sum() / 2 / length**2), activation_checkpointing=ckpt,
         steps=len(times) - 1, step_s=step_s, tokens_per_s=length / step_s,
         gflops_per_s=flops / step_s / 1e9, first_loss=losses[0],
@@ -144,14 +151,22 @@ def model_config() -> LlamaConfig:
 
 
 # --------------------------------------------------------------------------- driver
-def run_in_subprocess(impl: str, length: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", impl, str(length)]
+def _run_spec(spec: str) -> tuple[str, int, str]:
+    """ "impl:L" or "impl:L:malloc" -> (impl, L, malloc)."""
+    impl, length, *malloc = spec.split(":")
+    if impl not in STEPS or malloc not in ([], [RETAIN], [DEFAULT]):
+        raise SystemExit(f"--only {spec!r}: expected impl:L[:malloc], impl in {sorted(STEPS)}")
+    return impl, int(length), malloc[0] if malloc else RETAIN
+
+
+def run_in_subprocess(impl: str, length: int, malloc: str, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", impl, str(length), malloc]
     cmd += ["--min-steps", str(args.min_steps), "--min-seconds", str(args.min_seconds)]
     if length >= args.ckpt_from:
         cmd.append("--ckpt")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        return dict(impl=impl, L=length, error=proc.stderr.strip().splitlines()[-1:])
+        return dict(impl=impl, L=length, malloc=malloc, error=proc.stderr.strip().splitlines()[-1:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -165,7 +180,7 @@ def _fastest(passes: list[dict]) -> dict:
 
 
 def summarise(rows: list[dict]) -> dict:
-    tps = {(r["impl"], r["L"]): r.get("tokens_per_s") for r in rows}
+    tps = {(r["impl"], r["L"]): r.get("tokens_per_s") for r in rows if r["malloc"] == RETAIN}
     ratios = {}
     for n in (4096, 16384):
         if tps.get(("longctx", n)) and tps.get(("hf_packed", n)):
@@ -174,20 +189,27 @@ def summarise(rows: list[dict]) -> dict:
         ratios["longctx_4k_over_128k"] = tps[("longctx", 4096)] / tps[("longctx", 131072)]
     if tps.get(("longctx", 4096)) and tps.get(("hf_per_doc", 4096)):
         ratios["longctx_over_hf_per_doc_4096"] = tps[("longctx", 4096)] / tps[("hf_per_doc", 4096)]
+    default = [r for r in rows if r["malloc"] == DEFAULT and r.get("tokens_per_s")]
+    for r in default:
+        if tps.get((r["impl"], r["L"])):
+            name = f"{r['impl']}_{r['L']}_retain_over_default_malloc"
+            ratios[name] = tps[(r["impl"], r["L"])] / r["tokens_per_s"]
     return ratios
 
 
 def print_table(rows: list[dict], lengths: list[int]) -> None:
     head = (
-        f"{'impl':<11} {'L':>7} {'docs':>5} {'pairs/L2':>8} {'ckpt':>5} {'step s':>8} {'tok/s':>8} "
+        f"{'impl':<11} {'L':>7} {'malloc':>7} {'docs':>5} {'pairs/L2':>8} {'ckpt':>5} "
+        f"{'step s':>8} {'tok/s':>8} "
     )
     print(head + f"{'GFLOP/s':>8} {'RSS GB':>7} {'loss0':>8}")
     for r in rows:
         if "error" in r:
-            print(f"{r['impl']:<11} {r['L']:>7}  error: {r['error']}")
+            print(f"{r['impl']:<11} {r['L']:>7} {r['malloc']:>7}  error: {r['error']}")
             continue
         print(
-            f"{r['impl']:<11} {r['L']:>7} {r['docs']:>5} {r['pair_fraction']:>8.4f} "
+            f"{r['impl']:<11} {r['L']:>7} {r['malloc']:>7} {r['docs']:>5} "
+            f"{r['pair_fraction']:>8.4f} "
             f"{str(r['activation_checkpointing']):>5} "
             f"{r['step_s']:>8.2f} {r['tokens_per_s']:>8.0f} {r['gflops_per_s']:>8.1f} "
             f"{r['peak_rss_gb']:>7.2f} {r['first_loss']:>8.5f}"
@@ -200,31 +222,35 @@ def print_table(rows: list[dict], lengths: list[int]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="4k only, one measured step")
-    p.add_argument("--only", default=None, help="comma list of impl:L to run, e.g. longctx:4096")
+    p.add_argument(
+        "--only", default=None,
+        help="comma list of impl:L[:malloc] to run, e.g. longctx:4096,longctx:4096:default",
+    )  # fmt: skip
     p.add_argument("--ckpt-from", type=int, default=1 << 40, help="checkpoint layers from this L")
     p.add_argument("--min-steps", type=int, default=2)
     p.add_argument("--min-seconds", type=float, default=10.0)
     p.add_argument("--repeat", type=int, default=1, help="passes over all runs; fastest kept")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default results/step.json)")
-    p.add_argument("--child", nargs=2, metavar=("IMPL", "L"), help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=3, metavar=("IMPL", "L", "MALLOC"), help=argparse.SUPPRESS)
     p.add_argument("--ckpt", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        impl, length = args.child[0], int(args.child[1])
-        print(json.dumps(run_child(impl, length, args.min_steps, args.min_seconds, args.ckpt)))
+        impl, length, malloc = args.child[0], int(args.child[1]), args.child[2]
+        row = run_child(impl, length, malloc, args.min_steps, args.min_seconds, args.ckpt)
+        print(json.dumps(row))
         return
     runs = QUICK_RUNS if args.quick else FULL_RUNS
     if args.only:
-        runs = [(s.split(":")[0], int(s.split(":")[1])) for s in args.only.split(",")]
+        runs = [_run_spec(s) for s in args.only.split(",")]
     if args.quick:
         args.min_steps, args.min_seconds = 1, 0.0
-    results: dict[tuple[str, int], list[dict]] = {run: [] for run in runs}
+    results: dict[tuple[str, int, str], list[dict]] = {run: [] for run in runs}
     for rep in range(args.repeat):  # interleaved passes: each run sees the machine's moods
-        for impl, length in runs:
-            results[impl, length].append(run_in_subprocess(impl, length, args))
-            print(f"done {impl} L={length} pass {rep}", file=sys.stderr, flush=True)
+        for run in runs:
+            results[run].append(run_in_subprocess(*run, args))
+            print(f"done {run} pass {rep}", file=sys.stderr, flush=True)
     rows = [_fastest(passes) for passes in results.values()]
-    print_table(rows, sorted({n for i, n in runs if i == "longctx"}))
+    print_table(rows, sorted({n for i, n, _ in runs if i == "longctx"}))
     ratios = summarise(rows)
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x")
@@ -233,6 +259,7 @@ def main() -> None:
     meta = dict(
         threads=2, torch=torch.__version__, backend="sdpa", reset_position_ids=True,
         lengths="one row per L, lognormal median 600 sigma 1.0 (seed 0), last document cut",
+        malloc="retain: longctx.cpu_memory.retain_freed_memory(); default: glibc's own",
         load_average_at_end=os.getloadavg(),
     )  # fmt: skip
     out.write_text(json.dumps(dict(meta=meta, rows=rows, ratios=ratios), indent=2))

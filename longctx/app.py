@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from longctx.checkpoint import AtomicCheckpointIO, auto_resume_path, resolve_ckpt_path
+from longctx.cpu_memory import retain_freed_memory
 from longctx.distributed.slurm import (
     PREEMPTED_MARKER,
     check_master_address,
@@ -251,9 +252,11 @@ def run(cfg: DictConfig) -> dict:
 
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
-    preflight(cfg, model_config, data_config.seq_len)
+    device = preflight(cfg, model_config, data_config.seq_len)
     if cfg.dry_run:
         return dry_run_report(model_config, cfg)
+    if device.type == "cpu":
+        retain_freed_memory()
 
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)

@@ -16,7 +16,9 @@ SMALL = dict(
 )
 
 
-def small_module(accumulate: int = 1, lr: float = 0.1, seed: int = 0) -> LongCtxModule:
+def small_module(
+    accumulate: int = 1, lr: float = 0.1, seed: int = 0, compile: bool = False
+) -> LongCtxModule:
     torch.manual_seed(seed)
     config = LlamaConfig.from_name("tiny", **SMALL)
     # SGD, not Adam: Adam's first step is invariant to the gradient's scale and nearly to its
@@ -27,6 +29,7 @@ def small_module(accumulate: int = 1, lr: float = 0.1, seed: int = 0) -> LongCtx
         scheduler=None,
         grad_clip=None,
         accumulate_grad_batches=accumulate,
+        compile=compile,
     )
 
 

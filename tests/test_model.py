@@ -409,3 +409,37 @@ def test_autocast_keeps_attention_inputs_in_low_precision(monkeypatch):
     loss_sum.backward()
     assert seen == [(torch.bfloat16,) * 3] * SMALL["n_layers"]
     assert loss_sum.dtype == torch.float32
+
+
+def _rms_norm_formula(x, weight, eps):
+    x32 = x.float() if x.dtype != torch.float64 else x
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def test_rms_norm_backward_passes_gradcheck():
+    from longctx.model.llama import _RMSNormFunction
+
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_RMSNormFunction.apply, (x, weight, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_equals_the_formula_values_and_grads(dtype):
+    from longctx.model.llama import RMSNorm
+
+    norm = RMSNorm(16, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(16))
+    x = (3 * torch.randn(3, 7, 16)).to(dtype).requires_grad_()
+    grad = torch.randn(3, 7, 16)
+    out = norm(x)
+    (out * grad).sum().backward()
+    got = out.detach(), x.grad, norm.weight.grad
+    x.grad, norm.weight.grad = None, None
+    ref = _rms_norm_formula(x, norm.weight, 1e-5)
+    (ref * grad).sum().backward()
+    assert out.dtype == ref.dtype  # fp32 weight: fp32 output, as in transformers
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for a, b in zip(got, (ref.detach(), x.grad, norm.weight.grad), strict=True):
+        torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)

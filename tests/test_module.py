@@ -106,3 +106,19 @@ def test_warmup_cosine_schedule():
     assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
     with pytest.raises(ValueError, match="warmup_steps"):
         warmup_cosine_schedule(opt, total_steps=10, warmup_steps=-1)
+
+
+def test_compile_trains_like_eager_without_recompiling_for_new_layouts():
+    """compile=true compiles every block around the attention call: the same updates as eager,
+    and a batch with another document layout (another bucket plan) reuses the graphs."""
+    batches = [
+        random_batch(1, [[3, 5, 7, 9, 40], [2, 2, 60]], 64),
+        random_batch(2, [[64], [30, 34]], 64),
+        random_batch(3, [[1] * 16 + [48], [63, 1]], 64),
+    ]
+    eager = small_module()
+    fit(eager, batches, max_steps=3)
+    compiled = small_module(compile=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        fit(compiled, batches, max_steps=3)
+    assert_params_close(params(compiled), params(eager), atol=1e-5)

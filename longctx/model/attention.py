@@ -159,6 +159,10 @@ def _check_batch_on_one_device(batch: PackedBatch) -> None:
 
 
 # --------------------------------------------------------------------------- attention
+# Under compile=true the blocks are compiled around this call, never through it: the metadata
+# (bucket shapes, document spans) changes with every batch's layout, and tracing it would
+# recompile every step. Each backend's kernel is fused already; flex compiles its own.
+@torch.compiler.disable
 def attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
     """Document-causal attention. q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D] (q dtype)."""
     _check_qkv(q, k, v, meta)

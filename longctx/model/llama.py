@@ -47,9 +47,43 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """weight * (x / rms(x)).to(x.dtype), the Hugging Face Llama formula, with its own backward.
+
+    Autograd through the formula makes about ten passes over [tokens, dim] in backward and
+    saves the normalised x; this backward makes four, two of them matrix-vector products, and
+    keeps only x and the per-token 1/rms (measured on CPU at 16k x 256: 28 -> 11 ms forward
+    plus backward, nine norms per step of the tiny model). At least fp32 throughout.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        x32 = x.to(_at_least_fp32(x.dtype))
+        mean_square = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square_() / x.shape[-1]
+        inv_rms = mean_square.add_(eps).rsqrt_()
+        ctx.save_for_backward(x, weight, inv_rms)
+        return weight * (x32 * inv_rms).to(x.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, weight, inv_rms = ctx.saved_tensors
+        with torch.autocast(x.device.type, enabled=False):  # the products below stay fp32
+            dtype = _at_least_fp32(x.dtype)
+            x32, grad32, w32 = x.to(dtype), grad.to(dtype), weight.to(dtype)
+            grad_x_ND = (grad32 * x32).flatten(0, -2)  # N = tokens
+            grad_weight = inv_rms.flatten() @ grad_x_ND  # sum over tokens of grad * x / rms
+            # d/dx of x * r with r = rsqrt(mean(x^2) + eps): r (grad * w) - x r^3 mean(grad * w * x)
+            coef = (grad_x_ND @ w32).view_as(inv_rms) * inv_rms.pow(3) / -x.shape[-1]
+            grad_in = (grad32 * w32).mul_(inv_rms).addcmul_(x32, coef)
+        return grad_in.to(x.dtype), grad_weight.to(weight.dtype), None
+
+
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
 
 
 class Attention(nn.Module):

@@ -81,6 +81,8 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool) -> Tensor:
     """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); sin negated when ``inverse``."""
     sign = -1.0 if inverse else 1.0
     x1, x2 = x.chunk(2, dim=-1)
+    if torch.compiler.is_compiling():  # Inductor fuses this itself and cannot trace out= ops
+        return torch.cat((x1 * cos - sign * x2 * sin, x2 * cos + sign * x1 * sin), dim=-1)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     out1, out2 = out.chunk(2, dim=-1)
     torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=-sign)
