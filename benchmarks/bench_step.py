@@ -5,12 +5,13 @@ transformers' LlamaForCausalLM with the same weights on the same documents, pack
 its docs recommend (one row, reset position_ids, attention_mask=None, use_cache=False,
 attn_implementation="sdpa"), and run document by document. Every (implementation, L) runs in
 a fresh subprocess so ru_maxrss is that run's peak RSS. Every run keeps freed memory for reuse
-(longctx.cpu_memory, as train.py does on CPU); one extra longctx row at 16k runs with glibc's
-default malloc to show what that setting is worth.
+(longctx.cpu_memory, as train.py does on CPU) and runs in fp32, except for extra rows at 16k:
+longctx with glibc's default malloc (what that setting is worth), and longctx and transformers
+under bf16 autocast (trainer.precision=bf16-mixed; AMX matmuls on this CPU).
 
     .venv/bin/python benchmarks/bench_step.py           # full table -> results/step.json
     .venv/bin/python benchmarks/bench_step.py --quick   # 4k only -> results/step_quick.json
-    .venv/bin/python benchmarks/bench_step.py --repeat 2 --only longctx:16384,hf_packed:16384
+    .venv/bin/python benchmarks/bench_step.py --repeat 2 --only longctx:16384,hf_packed:16384:bf16
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,15 +36,44 @@ from longctx.model import Llama, LlamaConfig, estimate_flops
 from longctx.model.hf import config_to_hf, to_hf_name
 
 RESULTS = Path(__file__).parent / "results"
-RETAIN, DEFAULT = "retain", "default"  # malloc: freed memory kept for reuse, or glibc's default
-FULL_RUNS = [("longctx", n, RETAIN) for n in (4096, 16384, 65536, 131072)] + [
-    ("longctx", 16384, DEFAULT),
-    ("hf_packed", 4096, RETAIN),
-    ("hf_packed", 16384, RETAIN),
-    ("hf_per_doc", 4096, RETAIN),
-]
-QUICK_RUNS = [("longctx", 4096, RETAIN), ("hf_packed", 4096, RETAIN)]
 HF_PACKED_MAX_LEN = 16384  # above this its dense [L, L] mask would not fit: reported n/a
+
+
+class Run(NamedTuple):
+    impl: str  # a key of STEPS
+    L: int
+    precision: str = "fp32"  # or "bf16": bf16 autocast over fp32 weights
+    malloc: str = "retain"  # or "default": glibc's own, freed memory goes back to the OS
+
+    @classmethod
+    def parse(cls, spec: str) -> Run:
+        """ "impl:L[:bf16][:default_malloc]", e.g. "hf_packed:16384:bf16"."""
+        impl, length, *flags = spec.split(":")
+        if impl not in STEPS or not set(flags) <= {"bf16", "default_malloc"}:
+            raise SystemExit(
+                f"--only {spec!r}: expected impl:L[:bf16][:default_malloc], impl in {sorted(STEPS)}"
+            )
+        precision = "bf16" if "bf16" in flags else "fp32"
+        return cls(
+            impl, int(length), precision, "default" if "default_malloc" in flags else "retain"
+        )
+
+    def spec(self) -> str:
+        flags = ["bf16"] * (self.precision == "bf16") + ["default_malloc"] * (
+            self.malloc == "default"
+        )
+        return ":".join([self.impl, str(self.L), *flags])
+
+
+FULL_RUNS = [Run("longctx", n) for n in (4096, 16384, 65536, 131072)] + [
+    Run("hf_packed", 4096),
+    Run("hf_packed", 16384),
+    Run("hf_per_doc", 4096),
+    Run("longctx", 16384, malloc="default"),
+    Run("longctx", 16384, precision="bf16"),
+    Run("hf_packed", 16384, precision="bf16"),
+]
+QUICK_RUNS = [Run("longctx", 4096), Run("hf_packed", 4096)]
 
 
 # --------------------------------------------------------------------------- workload
@@ -117,18 +148,20 @@ def _ce_sum(logits, labels):
 STEPS = {"longctx": longctx_step, "hf_packed": hf_packed_step, "hf_per_doc": hf_per_doc_step}
 
 
-def run_child(impl: str, length: int, malloc: str, min_steps: int, min_seconds: float, ckpt: bool):
+def run_child(run: Run, min_steps: int, min_seconds: float, ckpt: bool) -> dict:
     torch.set_num_threads(2)
-    if malloc == RETAIN:
+    if run.malloc == "retain":
         retain_freed_memory()
-    batch = make_batch(length)
-    model = make_longctx(ckpt).train() if impl == "longctx" else make_hf().train()
+    batch = make_batch(run.L)
+    model = make_longctx(ckpt).train() if run.impl == "longctx" else make_hf().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    step = STEPS[impl]
+    step = STEPS[run.impl]
+    autocast = torch.autocast("cpu", torch.bfloat16, enabled=run.precision == "bf16")
     times, losses = [], []
     while len(times) < min_steps + 1 or sum(times[1:]) < min_seconds:
         start = time.perf_counter()
-        losses.append(step(model, batch))
+        with autocast:
+            losses.append(step(model, batch))
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
@@ -138,9 +171,9 @@ def run_child(impl: str, length: int, malloc: str, min_steps: int, min_seconds: 
     flops = estimate_flops(model_config(), batch.seq_lens)
     lens = batch.seq_lens.flatten().double()
     return dict(
-        impl=impl, L=length, malloc=malloc, docs=batch.num_segments, max_doc=int(lens.max()),
-        pair_fraction=float((lens**2).sum() / 2 / length**2), activation_checkpointing=ckpt,
-        steps=len(times) - 1, step_s=step_s, tokens_per_s=length / step_s,
+        **run._asdict(), docs=batch.num_segments, max_doc=int(lens.max()),
+        pair_fraction=float((lens**2).sum() / 2 / run.L**2), activation_checkpointing=ckpt,
+        steps=len(times) - 1, step_s=step_s, tokens_per_s=run.L / step_s,
         gflops_per_s=flops / step_s / 1e9, first_loss=losses[0],
         peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     )  # fmt: skip
@@ -151,22 +184,14 @@ def model_config() -> LlamaConfig:
 
 
 # --------------------------------------------------------------------------- driver
-def _run_spec(spec: str) -> tuple[str, int, str]:
-    """ "impl:L" or "impl:L:malloc" -> (impl, L, malloc)."""
-    impl, length, *malloc = spec.split(":")
-    if impl not in STEPS or malloc not in ([], [RETAIN], [DEFAULT]):
-        raise SystemExit(f"--only {spec!r}: expected impl:L[:malloc], impl in {sorted(STEPS)}")
-    return impl, int(length), malloc[0] if malloc else RETAIN
-
-
-def run_in_subprocess(impl: str, length: int, malloc: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", impl, str(length), malloc]
+def run_in_subprocess(run: Run, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", run.spec()]
     cmd += ["--min-steps", str(args.min_steps), "--min-seconds", str(args.min_seconds)]
-    if length >= args.ckpt_from:
+    if args.ckpt_from <= run.L:
         cmd.append("--ckpt")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        return dict(impl=impl, L=length, malloc=malloc, error=proc.stderr.strip().splitlines()[-1:])
+        return dict(**run._asdict(), error=proc.stderr.strip().splitlines()[-1:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -180,36 +205,36 @@ def _fastest(passes: list[dict]) -> dict:
 
 
 def summarise(rows: list[dict]) -> dict:
-    tps = {(r["impl"], r["L"]): r.get("tokens_per_s") for r in rows if r["malloc"] == RETAIN}
-    ratios = {}
-    for n in (4096, 16384):
-        if tps.get(("longctx", n)) and tps.get(("hf_packed", n)):
-            ratios[f"longctx_over_hf_packed_{n}"] = tps[("longctx", n)] / tps[("hf_packed", n)]
-    if tps.get(("longctx", 4096)) and tps.get(("longctx", 131072)):
-        ratios["longctx_4k_over_128k"] = tps[("longctx", 4096)] / tps[("longctx", 131072)]
-    if tps.get(("longctx", 4096)) and tps.get(("hf_per_doc", 4096)):
-        ratios["longctx_over_hf_per_doc_4096"] = tps[("longctx", 4096)] / tps[("hf_per_doc", 4096)]
-    default = [r for r in rows if r["malloc"] == DEFAULT and r.get("tokens_per_s")]
-    for r in default:
-        if tps.get((r["impl"], r["L"])):
-            name = f"{r['impl']}_{r['L']}_retain_over_default_malloc"
-            ratios[name] = tps[(r["impl"], r["L"])] / r["tokens_per_s"]
-    return ratios
+    """Throughput ratios between rows of this run, named after what they compare."""
+    tps = {Run(**{f: r[f] for f in Run._fields}): r.get("tokens_per_s") for r in rows}
+    pairs = {
+        "longctx_over_hf_packed_4096": (Run("longctx", 4096), Run("hf_packed", 4096)),
+        "longctx_over_hf_packed_16384": (Run("longctx", 16384), Run("hf_packed", 16384)),
+        "longctx_over_hf_packed_16384_bf16": (
+            Run("longctx", 16384, "bf16"), Run("hf_packed", 16384, "bf16")
+        ),
+        "longctx_4k_over_128k": (Run("longctx", 4096), Run("longctx", 131072)),
+        "longctx_over_hf_per_doc_4096": (Run("longctx", 4096), Run("hf_per_doc", 4096)),
+        "longctx_16384_retain_over_default_malloc": (
+            Run("longctx", 16384), Run("longctx", 16384, malloc="default")
+        ),
+        "longctx_16384_bf16_over_fp32": (Run("longctx", 16384, "bf16"), Run("longctx", 16384)),
+    }  # fmt: skip
+    return {name: tps[a] / tps[b] for name, (a, b) in pairs.items() if tps.get(a) and tps.get(b)}
 
 
 def print_table(rows: list[dict], lengths: list[int]) -> None:
-    head = (
-        f"{'impl':<11} {'L':>7} {'malloc':>7} {'docs':>5} {'pairs/L2':>8} {'ckpt':>5} "
-        f"{'step s':>8} {'tok/s':>8} "
+    print(
+        f"{'impl':<11} {'L':>7} {'prec':>5} {'malloc':>7} {'docs':>5} {'pairs/L2':>8} {'ckpt':>5} "
+        f"{'step s':>8} {'tok/s':>8} {'GFLOP/s':>8} {'RSS GB':>7} {'loss0':>8}"
     )
-    print(head + f"{'GFLOP/s':>8} {'RSS GB':>7} {'loss0':>8}")
     for r in rows:
+        run = f"{r['impl']:<11} {r['L']:>7} {r['precision']:>5} {r['malloc']:>7}"
         if "error" in r:
-            print(f"{r['impl']:<11} {r['L']:>7} {r['malloc']:>7}  error: {r['error']}")
+            print(f"{run}  error: {r['error']}")
             continue
         print(
-            f"{r['impl']:<11} {r['L']:>7} {r['malloc']:>7} {r['docs']:>5} "
-            f"{r['pair_fraction']:>8.4f} "
+            f"{run} {r['docs']:>5} {r['pair_fraction']:>8.4f} "
             f"{str(r['activation_checkpointing']):>5} "
             f"{r['step_s']:>8.2f} {r['tokens_per_s']:>8.0f} {r['gflops_per_s']:>8.1f} "
             f"{r['peak_rss_gb']:>7.2f} {r['first_loss']:>8.5f}"
@@ -224,33 +249,32 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="4k only, one measured step")
     p.add_argument(
         "--only", default=None,
-        help="comma list of impl:L[:malloc] to run, e.g. longctx:4096,longctx:4096:default",
+        help="comma list of runs impl:L[:bf16][:default_malloc], e.g. longctx:4096,hf_packed:4096",
     )  # fmt: skip
     p.add_argument("--ckpt-from", type=int, default=1 << 40, help="checkpoint layers from this L")
     p.add_argument("--min-steps", type=int, default=2)
     p.add_argument("--min-seconds", type=float, default=10.0)
     p.add_argument("--repeat", type=int, default=1, help="passes over all runs; fastest kept")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default results/step.json)")
-    p.add_argument("--child", nargs=3, metavar=("IMPL", "L", "MALLOC"), help=argparse.SUPPRESS)
+    p.add_argument("--child", metavar="RUN", help=argparse.SUPPRESS)
     p.add_argument("--ckpt", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        impl, length, malloc = args.child[0], int(args.child[1]), args.child[2]
-        row = run_child(impl, length, malloc, args.min_steps, args.min_seconds, args.ckpt)
+        row = run_child(Run.parse(args.child), args.min_steps, args.min_seconds, args.ckpt)
         print(json.dumps(row))
         return
     runs = QUICK_RUNS if args.quick else FULL_RUNS
     if args.only:
-        runs = [_run_spec(s) for s in args.only.split(",")]
+        runs = [Run.parse(s) for s in args.only.split(",")]
     if args.quick:
         args.min_steps, args.min_seconds = 1, 0.0
-    results: dict[tuple[str, int, str], list[dict]] = {run: [] for run in runs}
+    results: dict[Run, list[dict]] = {run: [] for run in runs}
     for rep in range(args.repeat):  # interleaved passes: each run sees the machine's moods
         for run in runs:
-            results[run].append(run_in_subprocess(*run, args))
-            print(f"done {run} pass {rep}", file=sys.stderr, flush=True)
+            results[run].append(run_in_subprocess(run, args))
+            print(f"done {run.spec()} pass {rep}", file=sys.stderr, flush=True)
     rows = [_fastest(passes) for passes in results.values()]
-    print_table(rows, sorted({n for i, n, _ in runs if i == "longctx"}))
+    print_table(rows, sorted({run.L for run in runs if run.impl == "longctx"}))
     ratios = summarise(rows)
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x")
@@ -259,6 +283,7 @@ def main() -> None:
     meta = dict(
         threads=2, torch=torch.__version__, backend="sdpa", reset_position_ids=True,
         lengths="one row per L, lognormal median 600 sigma 1.0 (seed 0), last document cut",
+        precision="fp32, or bf16: torch.autocast('cpu', bfloat16) over fp32 weights",
         malloc="retain: longctx.cpu_memory.retain_freed_memory(); default: glibc's own",
         load_average_at_end=os.getloadavg(),
     )  # fmt: skip
