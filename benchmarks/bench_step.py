@@ -69,6 +69,7 @@ FULL_RUNS = [Run("longctx", n) for n in (4096, 16384, 65536, 131072)] + [
     Run("hf_packed", 4096),
     Run("hf_packed", 16384),
     Run("hf_per_doc", 4096),
+    Run("hf_per_doc", 16384),
     Run("longctx", 16384, malloc="default"),
     Run("longctx", 16384, precision="bf16"),
     Run("hf_packed", 16384, precision="bf16"),
@@ -215,6 +216,8 @@ def summarise(rows: list[dict]) -> dict:
         ),
         "longctx_4k_over_128k": (Run("longctx", 4096), Run("longctx", 131072)),
         "longctx_over_hf_per_doc_4096": (Run("longctx", 4096), Run("hf_per_doc", 4096)),
+        "longctx_over_hf_per_doc_16384": (Run("longctx", 16384), Run("hf_per_doc", 16384)),
+        "hf_per_doc_over_hf_packed_16384": (Run("hf_per_doc", 16384), Run("hf_packed", 16384)),
         "longctx_16384_retain_over_default_malloc": (
             Run("longctx", 16384), Run("longctx", 16384, malloc="default")
         ),
