@@ -59,10 +59,12 @@ class Run(NamedTuple):
         )
 
     def spec(self) -> str:
-        flags = ["bf16"] * (self.precision == "bf16") + ["default_malloc"] * (
-            self.malloc == "default"
-        )
-        return ":".join([self.impl, str(self.L), *flags])
+        parts = [self.impl, str(self.L)]
+        if self.precision == "bf16":
+            parts.append("bf16")
+        if self.malloc == "default":
+            parts.append("default_malloc")
+        return ":".join(parts)
 
 
 FULL_RUNS = [Run("longctx", n) for n in (4096, 16384, 65536, 131072)] + [
