@@ -412,7 +412,7 @@ def test_autocast_keeps_attention_inputs_in_low_precision(monkeypatch):
 
 
 def _rms_norm_formula(x, weight, eps):
-    x32 = x.float() if x.dtype != torch.float64 else x
+    x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
