@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -170,8 +171,10 @@ def assert_trained_alike(run_dir: Path, reference: Path, params: bool = True) ->
         got, expected = final_params(run_dir), final_params(reference)
         assert got.keys() == expected.keys()
         for name, value in expected.items():
-            scale = float(value.abs().max())
-            torch.testing.assert_close(got[name], value, atol=1e-5 * scale, rtol=1e-5, msg=name)
+            # AdamW moves a weight by up to lr (6e-4 here) per step whatever its gradient's
+            # size, so reduction-order noise in a near-zero gradient shows in the weight:
+            # the bound is 2% of one step's update (as in test_context_parallel)
+            torch.testing.assert_close(got[name], value, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def ranks_by_node(logs: str, world: int) -> dict[int, str]:
@@ -261,10 +264,10 @@ PREEMPT = [
     *[arg for arg in TINY if not arg.startswith("logger=")],
     "trainer=ddp",
     "trainer.accelerator=cpu",  # train.sbatch: trainer.num_nodes=2 trainer.devices=1
-    "trainer.max_steps=30",
-    "trainer.val_check_interval=30",
+    "trainer.max_steps=16",
+    "trainer.val_check_interval=16",
     "trainer.deterministic=true",
-    "callbacks.checkpoint.every_n_train_steps=5",
+    "callbacks.checkpoint.every_n_train_steps=4",
 ]
 
 
@@ -291,17 +294,19 @@ def test_preempted_two_node_job_requeues_and_resumes_exactly(tmp_path):
     # what SLURM sends before the time limit (--signal=USR1@90), to every task of the job
     subprocess.run(["scancel", "--signal=USR1", job], check=True, timeout=30)
     # meanwhile, the same two ranks without interruption (outside SLURM, on this host)
-    local = ["trainer.devices=2", "logger=csv"]
-    run_train(["run_name=uninterrupted", *PREEMPT, *local], tmp_path, timeout=400)
-    info = wait_for_job(job, timeout=400, expedite_requeue=True)
+    local = ["run_name=uninterrupted", *PREEMPT, "trainer.devices=2", "logger=csv"]
+    with ThreadPoolExecutor(1) as pool:
+        uninterrupted = pool.submit(run_train, local, tmp_path, timeout=400)
+        info = wait_for_job(job, timeout=400, expedite_requeue=True)
+        uninterrupted.result()
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, log[-3000:])
     assert info["NodeList"] == "n[1-2]", info
     assert "requeued SLURM job" in log and "resuming a preempted / requeued run" in log, log[-3000:]
     # SLURM kills the first run soon after `scontrol requeue`; its checkpoint was complete
     saved = [int(s) for s in re.findall(r"saved \S+ at step (\d+); stopping", log)]
-    assert len(saved) == 1 and 5 <= saved[0] < 30, log[-3000:]
-    final = re.findall(r"longctx: rank (\d)/2 stopped at step 30 on node (n\d)", log)
+    assert len(saved) == 1 and 4 <= saved[0] < 16, log[-3000:]
+    final = re.findall(r"longctx: rank (\d)/2 stopped at step 16 on node (n\d)", log)
     assert sorted(final) == [("0", "n1"), ("1", "n2")], log[-3000:]
     assert not (run_dir / "checkpoints" / "PREEMPTED").exists()  # the finished run dropped it
     # one W&B run: both starts logged offline under the id the run folder keeps
@@ -347,7 +352,11 @@ def test_sbatch_too_many_nodes_is_refused_at_submission(tmp_path):
     if proc.returncode == 0:  # queued anyway: do not leave it pending
         subprocess.run(["scancel", proc.stdout.split()[-1]], timeout=30)
     # local_cluster.sh sets EnforcePartLimits=ALL: SLURM itself refuses, nothing is queued
-    assert proc.returncode != 0 and "node count specification invalid" in proc.stderr.lower()
+    # (3 nodes of 2, or 3 CPUs of 2: which limit SLURM names first depends on its version)
+    refused = re.search(
+        "node count specification invalid|more processors requested", proc.stderr, re.I
+    )
+    assert proc.returncode != 0 and refused, proc.stderr
     assert not (tmp_path / "outputs").exists()
 
 
