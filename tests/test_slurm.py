@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -279,6 +278,7 @@ def data_state(run_dir: Path) -> dict:
 
 
 @on_slurm
+@pytest.mark.slow
 def test_preempted_two_node_job_requeues_and_resumes_exactly(tmp_path):
     """SIGUSR1 to both nodes mid-run: checkpoint, requeue, resume in the same W&B run and at
     the same data position; the result equals the same two ranks run without interruption."""
@@ -382,10 +382,18 @@ def test_two_node_mistakes_fail_fast_naming_the_values(args, env, message, tmp_p
 
 
 @on_slurm
-def test_local_cluster_status_reports_the_node():
+def test_local_cluster_has_two_idle_nodes_and_start_is_idempotent():
     out = _cluster("status")
     assert out.returncode == 0 and "debug" in out.stdout, out.stdout + out.stderr
-    assert shutil.which("sinfo")
+    assert _nodes() == ["n1", "n2"], out.stdout
+    if os.geteuid() != 0:
+        return  # start needs root
+    pids = sorted(Path("/run/slurm").glob("*.pid"))
+    before = {p.name: p.read_text() for p in pids}
+    again = _cluster("start")  # on a running cluster of the same layout: nothing restarts
+    assert again.returncode == 0, again.stderr
+    assert {p.name: p.read_text() for p in pids} == before
+    assert {"slurmctld.pid", "slurmd-n1.pid", "slurmd-n2.pid"} <= set(before), before
 
 
 # ------------------------------------------------------------------ without a cluster
