@@ -22,7 +22,8 @@ RUN_DIR=/run/slurm
 LOG_DIR=/var/log/slurm
 SPOOL=/var/lib/slurm
 NODES=${SLURM_LOCAL_NODES:-2}
-CPUS=${SLURM_LOCAL_CPUS:-$(nproc)}
+# (nproc obeys OMP_NUM_THREADS, which tests and jobs set to 1: not the machine's count)
+CPUS=${SLURM_LOCAL_CPUS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
 HEADROOM_MB=${SLURM_LOCAL_HEADROOM_MB:-2048}
 QUEUE_WAIT=${SLURM_LOCAL_QUEUE_WAIT:-120}
 FIRST_PORT=17001
