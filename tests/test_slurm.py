@@ -537,6 +537,7 @@ def test_unresolvable_first_node_is_named(monkeypatch):
         "MASTER_ADDR=no-such-node1.invalid (the first node of SLURM_NODELIST="
         "no-such-node[1-2].invalid): the rendezvous host does not resolve")):  # fmt: skip
         check_master_address(world_size=2)
+    check_master_address(world_size=1)  # a single-task job never meets at the first node
 
 
 def test_context_parallel_not_dividing_the_nodes_is_named(tmp_path):

@@ -134,13 +134,14 @@ def check_allocation(num_nodes: int, devices) -> None:
         )
 
 
-def rendezvous_address() -> tuple[str, str] | None:
-    """(host, where it comes from) that the ranks meet at: MASTER_ADDR, else under SLURM the
-    first node of the allocation (what Lightning's SLURMEnvironment picks); None otherwise."""
+def rendezvous_address(world_size: int) -> tuple[str, str] | None:
+    """(host, where it comes from) that the ranks meet at: MASTER_ADDR, else for several ranks
+    under SLURM the first node of the allocation (what Lightning's SLURMEnvironment picks);
+    None where there is no rendezvous to check."""
     address = os.environ.get("MASTER_ADDR")
     if address:
         return address, f"MASTER_ADDR={address}"
-    if not under_slurm():
+    if world_size < 2 or not under_slurm():
         return None
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
@@ -160,7 +161,7 @@ def check_master_address(world_size: int = 1) -> None:
     """The rendezvous host must resolve (else every rank hangs until the process-group
     timeout), and with several ranks global rank 0 must run on it: rank 0 listens there on
     MASTER_PORT, the others connect to it, so an address of another machine is unreachable."""
-    found = rendezvous_address()
+    found = rendezvous_address(world_size)
     if found is None:
         return
     address, source = found
