@@ -200,7 +200,7 @@ def test_ablation_multirun_offline_wandb(tmp_path):
     assert {arm_description(r, m) for r, m in toggles} <= set(proc.stdout.splitlines())
     summary = summarize(tmp_path / "multirun", n_boot=200)
     assert len(summary["arms"]) == 4 and len(summary["pairs"]) == 6
-    assert summary["documents"] == 64
+    assert 10 <= summary["documents"] <= 64  # the val split's first documents, up to 64
     tables = [
         wandb_file_tables(next(r.glob("*.wandb")), "val/held_out_position_loss") for r in runs
     ]
