@@ -24,18 +24,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from longctx.arms import ARM_ORDER, arm_label
+
 COLUMNS = [
     "run", "group", "variant", "reset_position_ids", "document_mask", "step", "metric", "value",
 ]  # fmt: skip
 POSITION_METRIC = re.compile(r"^(?P<split>\w+)/loss_by_(?P<kind>abs|doc)_pos/(?P<start>\d+)$")
 KIND_NAMES = {"abs": "absolute position in row", "doc": "position inside document"}
-VARIANT_ORDER = [(True, True), (False, True), (True, False), (False, False)]
-VARIANT_COLORS = dict(zip(VARIANT_ORDER, ["C0", "C1", "C2", "C3"], strict=True))
-
-
-def variant_label(reset_position_ids: bool, document_mask: bool) -> str:
-    positions = "reset pos" if reset_position_ids else "continuous pos"
-    return f"{positions} + {'doc mask' if document_mask else 'no mask'}"
+VARIANT_COLORS = dict(zip(ARM_ORDER, ["C0", "C1", "C2", "C3"], strict=True))
 
 
 # ----------------------------------------------------------------------------- tidy frames
@@ -49,7 +45,7 @@ def tidy_frame(
     frame = frame.assign(
         run=run,
         group=group,
-        variant=variant_label(reset, mask),
+        variant=arm_label(reset, mask),
         reset_position_ids=reset,
         document_mask=mask,
         step=frame["step"].astype(int),
@@ -212,6 +208,27 @@ def _oneof_fields(item) -> set[str]:
     return {f.name for f in item.DESCRIPTOR.fields if f.containing_oneof is not None}
 
 
+def wandb_file_tables(path: Path, key: str) -> list[tuple[int, pd.DataFrame]]:
+    """(step, table) for every W&B Table logged under ``key`` in a .wandb file; the table
+    data is read from the run's ``files/`` folder, where an offline run keeps it."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    tables = []
+    for raw in wandb_file_records(path):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") != "history":
+            continue
+        fields = {tuple(i.nested_key) or (i.key,): json.loads(i.value_json)
+                  for i in record.history.item if i.value_json}  # fmt: skip
+        file = fields.get((key, "path"))
+        if file is not None and fields.get((key, "_type")) == "table-file":
+            step = fields.get(("trainer/global_step",), fields.get(("_step",)))
+            data = json.loads((Path(path).parent / "files" / file).read_text())
+            tables.append((int(step), pd.DataFrame(data["data"], columns=data["columns"])))
+    return tables
+
+
 def wandb_file_config(path: Path) -> dict:
     """The run config (top-level keys -> decoded values) recorded in a .wandb file."""
     from wandb.proto import wandb_internal_pb2 as pb
@@ -295,7 +312,7 @@ def load_probes(root: str | Path) -> pd.DataFrame:
             frames.append(
                 pd.read_csv(path).assign(
                     run=str(run_dir.relative_to(root)),
-                    variant=variant_label(reset, mask),
+                    variant=arm_label(reset, mask),
                     reset_position_ids=reset,
                     document_mask=mask,
                 )
@@ -318,7 +335,7 @@ def ema(values: Sequence[float], smoothing: float) -> np.ndarray:
 # --------------------------------------------------------------------------------- plots
 def _variants(frame: pd.DataFrame) -> list[tuple[bool, bool]]:
     present = set(zip(frame["reset_position_ids"], frame["document_mask"], strict=True))
-    return [v for v in VARIANT_ORDER if v in present]
+    return [v for v in ARM_ORDER if v in present]
 
 
 def plot_training_curves(
@@ -336,7 +353,7 @@ def plot_training_curves(
             color = VARIANT_COLORS[(reset, mask)]
             ax.plot(run["step"], run["value"], color=color, alpha=0.25, linewidth=0.8)
             ax.plot(run["step"], ema(run["value"].to_numpy(), smoothing), color=color,
-                    label=variant_label(reset, mask))  # fmt: skip
+                    label=arm_label(reset, mask))  # fmt: skip
     ax.set(xlabel="step", ylabel=metric, title=f"{metric} (EMA {smoothing})")
     ax.legend(fontsize="small")
     return fig
@@ -357,13 +374,31 @@ def plot_position_loss(frame: pd.DataFrame, kind: str = "doc", step: int | None 
             run = run.sort_values("bucket_start")
             x = run["bucket_start"].clip(lower=0.5)  # bucket 0 drawn at 0.5 on the log axis
             ax.plot(x, run["loss"], marker="o", markersize=3,
-                    color=VARIANT_COLORS[(reset, mask)], label=variant_label(reset, mask))  # fmt: skip
+                    color=VARIANT_COLORS[(reset, mask)], label=arm_label(reset, mask))  # fmt: skip
     ax.set_xscale("log", base=2)
     starts = sorted(data["bucket_start"].unique())
     ax.set_xticks([max(s, 0.5) for s in starts], [str(s) for s in starts], fontsize="small")
     ax.minorticks_off()
     ax.set(xlabel=f"{KIND_NAMES[kind]} (bucket start)", ylabel="val loss",
            title=f"val loss by {KIND_NAMES[kind]}")  # fmt: skip
+    ax.legend(fontsize="small")
+    return fig
+
+
+def plot_held_out_bands(positions: pd.DataFrame, ax=None):
+    """Held-out loss by in-document position bucket per arm, with its bootstrap CI as a band
+    (``positions``: the "positions" records of longctx.ablation.summarize)."""
+    if positions.empty:
+        raise ValueError("no held-out position records to plot")
+    fig, ax = _axes(ax)
+    for i, (arm, part) in enumerate(positions.groupby("arm", sort=False)):
+        part = part.sort_values("bucket_start")
+        x = part["bucket_start"].clip(lower=0.5)
+        ax.plot(x, part["loss"], marker="o", markersize=3, color=f"C{i}", label=arm)
+        ax.fill_between(x, part["low"], part["high"], color=f"C{i}", alpha=0.2)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="position inside document (bucket start)", ylabel="held-out loss",
+           title="held-out documents, each alone (95% CI)")  # fmt: skip
     ax.legend(fontsize="small")
     return fig
 
@@ -383,7 +418,7 @@ def plot_retrieval_heatmaps(probes: pd.DataFrame, value: str = "accuracy"):
                           origin="lower")  # fmt: skip
         ax.set_xticks(range(len(grid.columns)), [str(c) for c in grid.columns])
         ax.set_yticks(range(len(grid.index)), [f"{d:.2f}" for d in grid.index])
-        ax.set(xlabel="context length", title=variant_label(reset, mask))
+        ax.set(xlabel="context length", title=arm_label(reset, mask))
     axes[0][0].set_ylabel("needle depth")
     fig.colorbar(image, ax=axes[0].tolist(), label=f"passkey {value}")
     return fig
@@ -430,7 +465,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("docs/ablation.png"))
     p.add_argument("--smoothing", type=float, default=0.9)
     p.add_argument("--title", default=None)
-    return p.parse_args(argv)
+    p.add_argument(
+        "--summary",
+        type=Path,
+        default=None,
+        help="where the arm/pair summary JSON goes (default: --out with .json)",
+    )
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates")
+    p.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="compare runs of different experiments or sequence lengths anyway",
+    )
+    return p.parse_args(argv)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
@@ -443,6 +490,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     else:
         frame = load_local(args.folder, args.source)
     written = [save_figure(ablation_figure(frame, args.title, args.smoothing), args.out)]
+    if args.folder:
+        written += write_summary(args)
     probes = load_probes(args.folder) if args.folder else pd.DataFrame()
     if not probes.empty:
         heat = args.out.with_name(args.out.stem + "_passkey" + args.out.suffix)
@@ -450,6 +499,19 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     for path in written:
         print(f"wrote {path}")
     return written
+
+
+def write_summary(args: argparse.Namespace) -> list[Path]:
+    """Print the arm and pair tables; write the summary JSON and the held-out band figure."""
+    from longctx.ablation import format_summary, summarize
+
+    summary = summarize(args.folder, args.bootstrap, allow_mixed=args.allow_mixed)
+    print(format_summary(summary))
+    path = args.summary or args.out.with_suffix(".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    bands = plot_held_out_bands(pd.DataFrame(summary["positions"]))
+    return [path, save_figure(bands, args.out.with_name(args.out.stem + "_held_out.png"))]
 
 
 if __name__ == "__main__":

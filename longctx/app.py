@@ -17,8 +17,10 @@ import lightning as L
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from longctx.arms import arm_description
 from longctx.checkpoint import AtomicCheckpointIO, auto_resume_path, resolve_ckpt_path
 from longctx.cpu_memory import retain_freed_memory
 from longctx.distributed.slurm import (
@@ -273,6 +275,9 @@ def run(cfg: DictConfig) -> dict:
         return dry_run_report(model_config, cfg)
     if device.type == "cpu":
         retain_freed_memory()
+    rank_zero_only(print)(
+        arm_description(data_config.reset_position_ids, data_config.document_mask), flush=True
+    )
 
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)

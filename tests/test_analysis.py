@@ -22,7 +22,7 @@ def write_run(root: Path, reset: bool, mask: bool) -> Path:
     run = root / f"data.document_mask={mask},data.reset_position_ids={reset}"
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text(
-        "group: position_ablation\nseed: ${oc.env:NOPE}\n"
+        "group: position_ablation\nseed: 0\n"
         f"data:\n  reset_position_ids: {str(reset).lower()}\n  document_mask: {str(mask).lower()}\n"
         "  cache_dir: ${paths.cache_dir}\n"
     )
@@ -52,7 +52,7 @@ def test_csv_runs_make_a_tidy_frame(csv_runs):
     frame = A.load_local(csv_runs)
     assert list(frame.columns) == A.COLUMNS
     assert frame["run"].nunique() == 4 and set(frame["group"]) == {"position_ablation"}
-    assert set(frame["variant"]) == {A.variant_label(r, m) for r, m in VARIANTS}
+    assert set(frame["variant"]) == {A.arm_label(r, m) for r, m in VARIANTS}
     loss = frame[(frame.metric == "train/loss") & frame.reset_position_ids & ~frame.document_mask]
     assert loss["step"].tolist() == list(range(6))
     assert loss["value"].tolist() == pytest.approx([fake_loss(True, False, s) for s in range(6)])
@@ -154,7 +154,7 @@ def test_wandb_api_runs_make_the_same_frame():
     assert a[["step", "metric", "value"]].values.tolist() == [
         [0, "train/loss", 5.0], [1, "train/loss", 4.0], [2, "train/loss", 3.0],
     ]  # fmt: skip
-    assert set(frame["variant"]) == {A.variant_label(True, True), A.variant_label(False, True)}
+    assert set(frame["variant"]) == {A.arm_label(True, True), A.arm_label(False, True)}
 
 
 def test_wandb_api_empty_group_is_an_error():
@@ -190,8 +190,9 @@ def test_plots_are_written_as_png(csv_runs, tmp_path):
         A.plot_position_loss(frame, "row")
 
 
-def test_cli_writes_the_figure(csv_runs, tmp_path):
-    (written,) = A.main([str(csv_runs), "--out", str(tmp_path / "a.png")])
-    assert written == tmp_path / "a.png" and written.is_file()
+def test_cli_writes_the_figure_and_needs_held_out_losses_for_the_verdicts(csv_runs, tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no held-out document losses"):
+        A.main([str(csv_runs), "--out", str(tmp_path / "a.png")])
+    assert (tmp_path / "a.png").is_file()  # the curves are drawn before the verdicts are refused
     with pytest.raises(SystemExit, match="either a local FOLDER"):
         A.main([])

@@ -11,7 +11,7 @@ import pytest
 from helpers import FAST, ROOT, run_train
 
 NOTEBOOK = ROOT / "notebooks" / "ablation_curves.ipynb"
-FIGURES = {"train_loss.png", "position_loss.png", "ablation.png"}
+FIGURES = {"train_loss.png", "position_loss.png", "ablation.png", "held_out.png"}
 
 
 def execute_notebook(source: Path, fig_dir: Path):
@@ -60,6 +60,7 @@ def test_notebook_executes_on_a_tiny_ablation(tmp_path):
     kernel_python = cell_text(nb).split("kernel python: ")[1].split("\n")[0]
     assert Path(kernel_python).resolve() == Path(sys.executable).resolve()  # the venv's python
     assert "4 runs," in cell_text(nb)
+    assert "| arm | seeds | held-out loss [95% CI] |" in cell_text(nb)
     written = {p.name for p in (tmp_path / "figures").glob("*.png")}
     assert written >= FIGURES
     assert all((tmp_path / "figures" / f).stat().st_size > 1000 for f in FIGURES)

@@ -25,7 +25,10 @@ from helpers import (
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from longctx.ablation import summarize
+from longctx.analysis import wandb_file_tables
 from longctx.app import ConfigError, pop_context_parallel, run
+from longctx.arms import arm_description
 from longctx.model import Llama, LlamaConfig
 
 CONF = ROOT / "conf"
@@ -103,6 +106,8 @@ def test_smoke_training_through_train_py(tmp_path):
     assert len(val) == 4 and val[-1] < val[0]
     summary = re.search(r"val/loss ([\d.]+) nats/token, unigram baseline ([\d.]+)", proc.stdout)
     assert summary and float(summary[1]) == pytest.approx(val[-1], abs=1e-3)
+    arm_lines = [line for line in proc.stdout.splitlines() if line.startswith("arm: ")]
+    assert arm_lines == [arm_description(True, True)], arm_lines  # once, naming the default arm
     # 40 steps of 512 tokens already beat a model that knows every byte's frequency
     assert float(summary[1]) < float(summary[2]), summary[0]
 
@@ -166,7 +171,7 @@ def test_golden_loss_curve(tmp_path):
 
 @pytest.mark.slow
 def test_ablation_multirun_offline_wandb(tmp_path):
-    run_train(
+    proc = run_train(
         [
             "-m",
             "experiment=position_ablation",
@@ -191,6 +196,15 @@ def test_ablation_multirun_offline_wandb(tmp_path):
     assert {
         (c["data"]["reset_position_ids"], c["data"]["document_mask"]) for c in logged
     } == toggles
+    # each arm said what it computes, and was scored on the same held-out documents
+    assert {arm_description(r, m) for r, m in toggles} <= set(proc.stdout.splitlines())
+    summary = summarize(tmp_path / "multirun", n_boot=200)
+    assert len(summary["arms"]) == 4 and len(summary["pairs"]) == 6
+    assert 10 <= summary["documents"] <= 64  # the val split's first documents, up to 64
+    tables = [
+        wandb_file_tables(next(r.glob("*.wandb")), "val/held_out_position_loss") for r in runs
+    ]
+    assert all([step for step, _ in t] == [3] for t in tables)
 
 
 def test_unknown_key_is_named(tmp_path):

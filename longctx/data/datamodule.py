@@ -542,6 +542,12 @@ class LongCtxDataModule(L.LightningDataModule):
             )
         return rows
 
+    def val_documents(self, limit: int) -> list[np.ndarray]:
+        """The first ``limit`` documents of the first folder's val split (fewer if it has fewer):
+        the held-out documents every arm is scored on (longctx.eval.documents)."""
+        val = ShardSet(self._resolve_folders()[0], "val")
+        return [val.document(i) for i in range(min(limit, val.num_documents))]
+
     def _validation_batches(self, world: int) -> list[list[PackedBatch]]:
         """Per-rank batches of the fixed validation rows (rows r::world go to rank r)."""
         if self.config.val_rows % world:

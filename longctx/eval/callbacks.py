@@ -19,6 +19,7 @@ import lightning as L
 import torch
 
 from longctx.eval.cli import write_json, write_rows
+from longctx.eval.documents import document_batches, mean_loss, score_documents
 from longctx.eval.probes import (
     DEFAULT_DEPTHS,
     accuracy_table,
@@ -137,3 +138,74 @@ def append_rows(rows: Sequence[dict], path: Path) -> None:
         if new:
             writer.writeheader()
         writer.writerows(rows)
+
+
+class HeldOutDocumentLoss(L.Callback):
+    """At every validation: the loss on fixed held-out documents, each attended alone.
+
+    Every arm of an ablation is scored on identical inputs (:mod:`longctx.eval.documents`);
+    rows per (step, document, position bucket) are appended to ``<out>/held_out_documents.csv``
+    for the paired bootstrap of ``python -m longctx.analysis``, ``val/held_out_loss`` is logged,
+    and W&B gets the per-bucket curve as a table. Every rank scores the same documents (so FSDP's
+    collectives stay matched); rank 0 writes.
+    """
+
+    def __init__(
+        self, num_documents: int = 64, rows_per_batch: int = 2, out_dir: str | None = None
+    ) -> None:
+        if num_documents < 1 or rows_per_batch < 1:
+            raise ValueError(
+                f"num_documents={num_documents}, rows_per_batch={rows_per_batch}; expected >= 1"
+            )
+        self.num_documents, self.rows_per_batch, self.out_dir = (
+            num_documents,
+            rows_per_batch,
+            out_dir,
+        )
+        self._batches = None
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        records = score_documents(
+            pl_module.model,
+            self._document_batches(trainer.datamodule),
+            pl_module.device,
+            trainer.precision_plugin.forward_context,
+        )
+        pl_module.log("val/held_out_loss", mean_loss(records), batch_size=1)
+        if trainer.is_global_zero:
+            step = trainer.global_step
+            out = Path(self.out_dir or Path(trainer.default_root_dir) / "eval")
+            append_rows([{"step": step, **r} for r in records], out / "held_out_documents.csv")
+            self._log_wandb_curve(trainer, records)
+
+    def _document_batches(self, datamodule):
+        if self._batches is None:
+            docs = datamodule.val_documents(self.num_documents)
+            seq_len = datamodule.config.seq_len
+            self._batches = document_batches(docs, seq_len, self.rows_per_batch, datamodule.pad_id)
+        return self._batches
+
+    def _log_wandb_curve(self, trainer: L.Trainer, records: list[dict]) -> None:
+        runs = wandb_runs(trainer)
+        if not runs:
+            return
+        import wandb
+
+        curve = position_curve(records)
+        table = wandb.Table(columns=["bucket_start", "loss", "tokens"], data=curve)
+        for run in runs:
+            run.log(
+                {"val/held_out_position_loss": table, "trainer/global_step": trainer.global_step}
+            )
+
+
+def position_curve(records: list[dict]) -> list[list]:
+    """[bucket_start, token-weighted loss, tokens] per in-document bucket, sorted."""
+    sums: dict[int, list[float]] = {}
+    for r in records:
+        acc = sums.setdefault(r["bucket_start"], [0.0, 0])
+        acc[0] += r["loss_sum"]
+        acc[1] += r["tokens"]
+    return [[start, total / count, count] for start, (total, count) in sorted(sums.items())]

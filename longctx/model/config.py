@@ -39,6 +39,8 @@ class LlamaConfig:
     rope_theta: float = 500000.0
     rope_scaling: RopeScaling | None = None
     max_seq_len: int = 131072  # largest position RoPE is configured for
+    # RoPE angles position * inv_freq in fp64 (exact) rather than fp32 (transformers' rounding)
+    exact_rope_angles: bool = True
     tie_embeddings: bool = False
     attn_backend: str = "auto"
     activation_checkpointing: bool = False

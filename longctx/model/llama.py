@@ -208,7 +208,7 @@ class Llama(nn.Module):
     def _rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         c = self.config
         inv_freq = inv_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, position_ids.device)
-        return rope_cos_sin(inv_freq, position_ids, dtype)
+        return rope_cos_sin(inv_freq, position_ids, dtype, c.exact_rope_angles)
 
     def _check_batch(self, batch: PackedBatch) -> None:
         device = self.tok_embeddings.weight.device

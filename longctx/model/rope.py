@@ -41,10 +41,22 @@ def llama3_scale(inv_freq: Tensor, scaling: RopeScaling) -> Tensor:
 
 
 def rope_cos_sin(
-    inv_freq: Tensor, position_ids: Tensor, dtype: torch.dtype
+    inv_freq: Tensor, position_ids: Tensor, dtype: torch.dtype, exact_angles: bool = True
 ) -> tuple[Tensor, Tensor]:
-    """cos, sin [B, L, D/2] in ``dtype`` for the given int position ids [B, L]."""
-    angles_BLF = position_ids.float().unsqueeze(-1) * inv_freq.to(position_ids.device)
+    """cos, sin [B, L, D/2] in ``dtype`` for the given int position ids [B, L].
+
+    ``exact_angles``: the angle ``position * inv_freq`` in fp64, where the product of an int
+    position (< 2^29) and an fp32 frequency is exact, so cos/sin round once, to ``dtype``. In
+    fp32 (transformers' way) the product itself rounds: near position 131,071 that is an error
+    of a few 1e-3 rad in the fast frequencies, while a reset row's short positions rotate almost
+    exactly -- the only thing that separates reset from continuous positions under document
+    masking (benchmarks/bench_rope_angles.py).
+    """
+    inv_freq = inv_freq.to(position_ids.device)
+    if exact_angles:
+        angles_BLF = position_ids.double().unsqueeze(-1) * inv_freq.double()
+    else:
+        angles_BLF = position_ids.float().unsqueeze(-1) * inv_freq
     return angles_BLF.cos().to(dtype), angles_BLF.sin().to(dtype)
 
 

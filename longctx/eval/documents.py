@@ -1,0 +1,108 @@
+"""Every arm scored the same way: fixed held-out documents, each attended alone, positions from 0.
+
+An arm's validation rows carry its own position ids and mask, so an arm trained with
+cross-document attention is also validated with it, and its loss is not comparable to a masked
+arm's. Here every arm sees identical inputs: the first documents of the val split, each its own
+segment (document mask, positions reset), which by packed == unpacked equals running each
+document alone. The per-document loss sums (by in-document position bucket) are what the paired
+bootstrap of :mod:`longctx.ablation` resamples: same documents in every arm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.eval.position_loss import bucket_of, bucket_starts
+
+RECORD_COLUMNS = ["doc", "bucket_start", "tokens", "loss_sum"]
+
+
+def document_batches(
+    docs: Sequence[np.ndarray], seq_len: int, rows_per_batch: int, pad_id: int
+) -> list[tuple[PackedBatch, list[list[int]]]]:
+    """Documents laid in order into rows of seq_len (a longer one keeps its first seq_len
+    tokens), each its own segment with positions from 0; a row's pad tail has no loss.
+    Returns (batch, the document index of every segment of every row but the pad tail)."""
+    rows, current, used = [], [], 0
+    for i, doc in enumerate(docs):
+        n = min(len(doc), seq_len)
+        if used + n > seq_len:
+            rows.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        rows.append(current)
+    return [
+        _batch(rows[i : i + rows_per_batch], docs, seq_len, pad_id)
+        for i in range(0, len(rows), rows_per_batch)
+    ]
+
+
+def _batch(rows: list[list[int]], docs, seq_len: int, pad_id: int):
+    tokens = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
+    lengths = []
+    for r, row in enumerate(rows):
+        pieces = [torch.from_numpy(np.asarray(docs[i][:seq_len], np.int64)) for i in row]
+        flat = torch.cat(pieces)
+        tokens[r, : flat.numel()] = flat
+        lengths.append([p.numel() for p in pieces])
+    batch = PackedBatch.from_lengths(tokens, lengths, reset_position_ids=True)
+    labels = batch.labels.clone()
+    for r, row_lengths in enumerate(lengths):
+        labels[r, sum(row_lengths) :] = IGNORE_INDEX  # the pad tail predicts nothing
+    return PackedBatch(batch.tokens, labels, batch.position_ids, batch.seq_lens), rows
+
+
+def document_records(token_loss: Tensor, batch: PackedBatch, rows: list[list[int]]) -> list[dict]:
+    """Loss sums and target counts per (document, in-document position bucket)."""
+    records = []
+    scored = batch.labels != IGNORE_INDEX
+    for r, docs in enumerate(rows):
+        start = 0
+        for doc, n in zip(docs, batch.seq_lens[r].tolist(), strict=False):
+            keep = scored[r, start : start + n]
+            loss = token_loss[r, start : start + n][keep].double()
+            buckets = bucket_of(batch.position_ids[r, start : start + n][keep])
+            starts = bucket_starts(int(n))
+            sums = torch.bincount(buckets, weights=loss, minlength=len(starts))
+            counts = torch.bincount(buckets, minlength=len(starts))
+            records += [
+                {"doc": doc, "bucket_start": s, "tokens": int(c), "loss_sum": float(t)}
+                for s, c, t in zip(starts, counts.tolist(), sums.tolist(), strict=True)
+                if c
+            ]
+            start += n
+    return records
+
+
+@torch.no_grad()
+def score_documents(model, batches, device: torch.device, forward_context=None) -> list[dict]:
+    """Per (document, bucket) records of ``model.token_loss`` over :func:`document_batches`."""
+    records = []
+    was_training = model.training
+    model.eval()
+    try:
+        for batch, rows in batches:
+            if forward_context is None:
+                token_loss = model.token_loss(batch.to(device))
+            else:
+                with forward_context():
+                    token_loss = model.token_loss(batch.to(device))
+            records += document_records(token_loss.float().cpu(), batch, rows)
+    finally:
+        model.train(was_training)
+    return records
+
+
+def mean_loss(records: Sequence[dict]) -> float:
+    """Token-weighted mean loss over records."""
+    tokens = sum(r["tokens"] for r in records)
+    if not tokens:
+        raise ValueError("no scored tokens in the held-out documents (every document has 1 token?)")
+    return sum(r["loss_sum"] for r in records) / tokens
