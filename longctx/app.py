@@ -46,7 +46,13 @@ from longctx.run_folder import (
     existing_checkpoints,
     remove_if_only_bookkeeping,
 )
-from longctx.run_identity import ResumeMismatch, RunRecord, check_resume, run_identity
+from longctx.run_identity import (
+    CHECKPOINT_KEY,
+    ResumeMismatch,
+    RunRecord,
+    check_resume,
+    run_identity,
+)
 
 BYTES_PER_PARAM_TRAINING = 16  # fp32 weights 4 + gradients 4 + AdamW moments 8
 
@@ -382,6 +388,8 @@ def resume_point(
         )
     except ResumeMismatch as err:
         raise ConfigError(str(err)) from err
+    if CHECKPOINT_KEY not in resume.contents:
+        print(f"{resume.path} stores no run identity (an older checkpoint): not checked")
     for key, (old, new) in allowed.items():
         print(f"resuming with a change allowed by allow_resume_changes: {key}: {old!r} -> {new!r}")
     return resume

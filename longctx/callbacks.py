@@ -23,6 +23,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from longctx.distributed.slurm import PREEMPTED_MARKER, requeue_job, under_slurm
@@ -74,7 +75,7 @@ class SaveOnSignal(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
         """A signal that arrives during validation is acted on when validation ends (a safe
         point: ModelCheckpoint saves there too), not only after one more training step."""
-        if trainer.sanity_checking or not trainer.training:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
         self._save_and_stop_if_signalled(trainer, " (it arrived during validation)")
 
