@@ -115,14 +115,15 @@ def load_run_dir(run_dir: Path, source: str = "auto", root: Path | None = None) 
 
 
 def csv_rows(path: Path) -> list[tuple[int, str, float]]:
-    """Lightning CSVLogger metrics.csv -> (step, metric, value) rows."""
+    """Lightning CSVLogger metrics.csv -> (step, metric, value) rows. A resumed run appends
+    to the file, so steps redone after a crash appear twice: the later row wins."""
     wide = pd.read_csv(path)
     if "step" not in wide.columns:
         raise ValueError(f"{path} has no 'step' column; expected a Lightning CSVLogger file")
     long = wide.drop(columns=[c for c in ("epoch",) if c in wide]).melt(
         id_vars="step", var_name="metric", value_name="value"
     )
-    long = long.dropna(subset=["value"])
+    long = long.dropna(subset=["value"]).drop_duplicates(["step", "metric"], keep="last")
     return list(long[["step", "metric", "value"]].itertuples(index=False, name=None))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import socket
 import sys
 from dataclasses import asdict
@@ -17,11 +18,18 @@ import lightning as L
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import InterpolationResolutionError
 
 from longctx.arms import arm_description
-from longctx.checkpoint import AtomicCheckpointIO, auto_resume_path, resolve_ckpt_path
+from longctx.checkpoint import (
+    AtomicCheckpointIO,
+    ResumePoint,
+    UnreadableCheckpoint,
+    auto_resume_path,
+    remove_stale_temp_files,
+    resolve_ckpt_path,
+)
 from longctx.cpu_memory import retain_freed_memory
 from longctx.distributed.slurm import (
     PREEMPTED_MARKER,
@@ -34,6 +42,20 @@ from longctx.distributed.slurm import (
 from longctx.loggers import make_loggers
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import resolve_backend
+from longctx.run_folder import (
+    RunFolderBusy,
+    RunFolderLock,
+    config_subdir,
+    existing_checkpoints,
+    remove_if_only_bookkeeping,
+)
+from longctx.run_identity import (
+    CHECKPOINT_KEY,
+    ResumeMismatch,
+    RunRecord,
+    check_resume,
+    run_identity,
+)
 
 BYTES_PER_PARAM_TRAINING = 16  # fp32 weights 4 + gradients 4 + AdamW moments 8
 
@@ -66,10 +88,21 @@ def run_dir(runs_dir: str, run_name: str, ckpt_path: str | None) -> str:
     return str(candidate)
 
 
+def required_value(key: str, hint: str = "") -> None:
+    """``${longctx_required:key,hint}``: a value the command line must set. (A ``???`` in a
+    config group option is lost when that option is merged over a default that sets it.)"""
+    raise ConfigError(f"{key} is not set. {hint}".strip())
+
+
 def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("longctx_required"):
+        OmegaConf.register_new_resolver("longctx_required", required_value)
     if not OmegaConf.has_resolver("longctx_run_dir"):
         # cached: Hydra may resolve the run folder more than once; it must not change
         OmegaConf.register_new_resolver("longctx_run_dir", run_dir, use_cache=True)
+    if not OmegaConf.has_resolver("longctx_config_subdir"):
+        # cached: decided once per start, before Hydra writes the config it names
+        OmegaConf.register_new_resolver("longctx_config_subdir", config_subdir, use_cache=True)
     if not OmegaConf.has_resolver("longctx_slurm_nodes"):
         # conf/hydra/launcher/slurm.yaml: refuse a node count / partition the cluster lacks
         OmegaConf.register_new_resolver("longctx_slurm_nodes", checked_num_nodes)
@@ -224,7 +257,7 @@ def instantiate_config(group: str, node: DictConfig):
     """A typed config from its group; a value its validation refuses is a ConfigError."""
     try:
         return instantiate(node)
-    except InstantiationException as err:
+    except (InstantiationException, InterpolationResolutionError) as err:
         raise ConfigError(f"{group}: {err}") from err
 
 
@@ -264,7 +297,29 @@ def build_callbacks(cfg: DictConfig) -> list:
 
 
 def run(cfg: DictConfig) -> dict:
-    """Train (or dry-run) one configuration; returns the final logged metrics."""
+    """Train (or dry-run) one configuration; returns the final logged metrics. The process
+    that writes the run folder (global rank 0) holds its lock throughout."""
+    output_dir = Path(cfg.paths.output_dir)
+    lock = RunFolderLock(output_dir).acquire() if writes_run_folder() else None
+    try:
+        return train(cfg, output_dir, holds_folder=lock is not None)
+    except ConfigError:
+        if lock is not None and remove_if_only_bookkeeping(output_dir):
+            print(f"removed the run folder {output_dir}: nothing was written", file=sys.stderr)
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def writes_run_folder() -> bool:
+    """Global rank 0 (from the launcher's environment; 0 when not launched as a rank)."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     from longctx.data import LongCtxDataModule
     from longctx.module import LongCtxModule
 
@@ -273,14 +328,17 @@ def run(cfg: DictConfig) -> dict:
     device = preflight(cfg, model_config, data_config.seq_len)
     if cfg.dry_run:
         return dry_run_report(model_config, cfg)
+    identity = run_identity(model_config, data_config)
+    resume = resume_point(cfg, output_dir, identity, holds_folder)
+    if holds_folder:
+        for path in remove_stale_temp_files(output_dir / "checkpoints"):
+            print(f"removed {path}: a checkpoint write that never finished", flush=True)
     if device.type == "cpu":
         retain_freed_memory()
-    rank_zero_only(print)(
-        arm_description(data_config.reset_position_ids, data_config.document_mask), flush=True
-    )
+    if writes_run_folder():
+        print(arm_description(data_config.reset_position_ids, data_config.document_mask))
 
     L.seed_everything(cfg.seed, workers=True)
-    output_dir = Path(cfg.paths.output_dir)
     context_parallel, context_parallel_rounds = pop_context_parallel(cfg)
     datamodule = LongCtxDataModule(data_config, context_parallel=context_parallel)
     datamodule.prepare_data()
@@ -302,17 +360,21 @@ def run(cfg: DictConfig) -> dict:
         context_parallel=context_parallel,
         context_parallel_rounds=context_parallel_rounds,
     )
+    resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data")}
+    record = RunRecord(identity, resolved)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=make_loggers(cfg, output_dir) or False,
-        callbacks=build_callbacks(cfg),
+        callbacks=[*build_callbacks(cfg), record],
         # under SLURM: Lightning's environment without its auto-requeue (SaveOnSignal requeues)
         plugins=[AtomicCheckpointIO(), *slurm_plugins()],
     )
-    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, output_dir)
-    if ckpt_path is None and (ckpt_path := auto_resume_path(output_dir)):
-        print(f"resuming a preempted / requeued run from {ckpt_path}", flush=True)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    ckpt_path = None
+    if resume is not None:
+        print(f"{resume.note} at step {resume.step}", flush=True)
+        ckpt_path, resume = resume.path, None  # drop the mapped contents before loading
+    # weights_only: a checkpoint is data; a crafted pickle in one must not run code
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     finish_preemption(trainer, output_dir)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if "val/loss" in metrics and trainer.is_global_zero:
@@ -322,6 +384,53 @@ def run(cfg: DictConfig) -> dict:
             f"{metrics['unigram_baseline']:.4f}"
         )
     return metrics
+
+
+def resume_point(
+    cfg: DictConfig, output_dir: Path, identity: dict, holds_folder: bool
+) -> ResumePoint | None:
+    """The checkpoint this start resumes from (checked readable, and checked to be the same
+    run), or None for a fresh start, which must not land among another start's checkpoints."""
+    try:
+        resume = resolve_ckpt_path(cfg.ckpt_path, output_dir)
+        if resume is None and (resume := auto_resume_path(output_dir)):
+            print("resuming a preempted / requeued run", flush=True)
+    except (FileNotFoundError, UnreadableCheckpoint) as err:
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path}: {err}") from err
+    if resume is None:
+        if holds_folder:
+            check_fresh_start(output_dir, overwrite=bool(cfg.get("overwrite", False)))
+        return None
+    try:
+        allowed = check_resume(
+            resume.contents, identity, cfg.get("allow_resume_changes") or [], resume.path
+        )
+    except ResumeMismatch as err:
+        raise ConfigError(str(err)) from err
+    if CHECKPOINT_KEY not in resume.contents:
+        print(f"{resume.path} stores no run identity (an older checkpoint): not checked")
+    for key, (old, new) in allowed.items():
+        print(f"resuming with a change allowed by allow_resume_changes: {key}: {old!r} -> {new!r}")
+    return resume
+
+
+def check_fresh_start(output_dir: Path, overwrite: bool) -> None:
+    """A fresh start into a folder that holds checkpoints would leave two runs' checkpoints
+    side by side (and a later ckpt_path=last could pick the older): refused unless asked."""
+    checkpoint_dir = output_dir / "checkpoints"
+    found = existing_checkpoints(checkpoint_dir)
+    if not found:
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"run folder {output_dir} already has checkpoints ({', '.join(found)}): resume it "
+            "with ckpt_path=last, pick another run_name, or start it over with overwrite=true "
+            "(its checkpoints are deleted)"
+        )
+    for name in found:
+        path = checkpoint_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    print(f"overwrite=true: deleted {', '.join(found)} from {checkpoint_dir}", flush=True)
 
 
 def finish_preemption(trainer: L.Trainer, output_dir: Path) -> None:
@@ -340,7 +449,7 @@ def finish_preemption(trainer: L.Trainer, output_dir: Path) -> None:
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics = run(cfg)
-    except ConfigError as err:
+    except (ConfigError, RunFolderBusy) as err:
         print(f"config error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
     finally:
@@ -349,7 +458,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def teardown() -> None:
-    """Finish the W&B run and destroy the process group (without it rank 1 aborts at exit)."""
+    """Stop data-loader workers, finish the W&B run and destroy the process group (without it
+    rank 1 aborts at exit)."""
+    stop_data_workers()
     if "wandb" in sys.modules:
         import wandb
 
@@ -357,3 +468,15 @@ def teardown() -> None:
             wandb.finish()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def stop_data_workers() -> None:
+    """Kill data-loader workers still alive (a run stopped mid-epoch leaves its iterator's).
+    They ignore SIGTERM (longctx.data.datamodule._worker_init), and multiprocessing's exit
+    handler would SIGTERM them and then wait for them forever."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(timeout=30)

@@ -20,7 +20,17 @@ IGNORE_INDEX = -100
 # to_dense_mask() builds a [B, L, L] bool tensor: 64 MiB per row at 8192, 16 GiB at 131072.
 DENSE_MASK_MAX_LEN = 8192
 
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+# unsigned too: token shards are uint16/uint32 on disk, and torch.from_numpy keeps that dtype
+_INT_DTYPES = (
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+)
 
 
 @dataclasses.dataclass
@@ -39,7 +49,7 @@ class PackedBatch:
     seq_lens: Tensor
 
     def __post_init__(self) -> None:
-        _check_tensor("tokens", self.tokens, ndim=2)
+        _check_tokens("tokens", self.tokens)
         b, length = self.tokens.shape
         for name in ("labels", "position_ids"):
             _check_tensor(name, getattr(self, name), ndim=2)
@@ -73,7 +83,8 @@ class PackedBatch:
         the last token of every segment has none.
         """
         tokens = torch.as_tensor(tokens)
-        _check_tensor("tokens", tokens, ndim=2)
+        _check_tokens("tokens", tokens)
+        tokens = tokens.long()
         seq_lens = _with_remainder_segment(_as_lengths_tensor(seq_lens), tokens.shape)
         if labels is None:
             labels = labels_within_segments(tokens, seq_lens)
@@ -88,8 +99,10 @@ class PackedBatch:
         (inclusive) and the last segment of a row may be a fragment without one. An EOS never
         predicts the next document's first token: its label is -100.
         """
+        if isinstance(eos_id, bool) or not isinstance(eos_id, int | np.integer):
+            raise ValueError(f"eos_id={eos_id!r}; expected the int id of the EOS token")
         stream = torch.as_tensor(token_stream)
-        _check_tensor("token_stream", stream, ndim=2)
+        _check_tokens("token_stream", stream)
         if stream.shape[1] < 2:
             raise ValueError(
                 f"token_stream has rows of {stream.shape[1]} tokens, expected L+1 >= 2"
@@ -431,10 +444,10 @@ def _lengths_from_ends(is_end: Tensor) -> Tensor:
     return out
 
 
-def _as_lengths_tensor(seq_lens: Tensor | Sequence[Sequence[int]]) -> Tensor:
-    if isinstance(seq_lens, Tensor):
-        return seq_lens
-    rows = [list(r) for r in seq_lens]
+def _as_lengths_tensor(seq_lens: Tensor | np.ndarray | Sequence[Sequence[int]]) -> Tensor:
+    if isinstance(seq_lens, Tensor | np.ndarray):
+        return torch.as_tensor(seq_lens)
+    rows = [[int(v) if isinstance(v, np.integer) else v for v in r] for r in seq_lens]
     for i, row in enumerate(rows):
         bad = [v for v in row if isinstance(v, bool) or not isinstance(v, int)]
         if bad:
@@ -494,6 +507,13 @@ def _chunk_pieces(row_lens: np.ndarray, chunks: list[tuple[int, int]]):
         lens += np.diff(bounds).tolist()
         prefixes += [lo - int(ends[first] - row_lens[first])] + [0] * (len(bounds) - 2)
     return lens, prefixes
+
+
+def _check_tokens(name: str, t: Tensor) -> None:
+    """[B, L] integer ids with at least one row."""
+    _check_tensor(name, t, ndim=2)
+    if t.shape[0] == 0:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}: no rows (B = 0); expected B >= 1")
 
 
 def _check_tensor(name: str, t: Tensor, ndim: int) -> None:

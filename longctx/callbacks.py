@@ -3,7 +3,10 @@
 The handler only sets a flag; the checkpoint is written from the training loop at a step
 boundary (never inside the handler, where a half-finished step or collective could be caught).
 All ranks agree on the flag through one tiny all-reduce per step, so a signal delivered to one
-process stops every rank at the same step.
+process stops every rank at the same step. A signal that arrives during validation is acted on
+when validation ends. The checkpoint is ModelCheckpoint's own ``last.ckpt`` (one "last", always
+the newest). Data-loader workers ignore these signals (a SIGTERM to the process group reaches
+them too): stopping is the main process's job.
 
 Under SLURM a *requeue* signal (SIGUSR1/SIGUSR2: ``sbatch --signal=USR1@90`` sent before the time
 limit, or ``scancel --signal=USR1``) also requeues the job once the checkpoint is written: rank 0
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from longctx.distributed.slurm import PREEMPTED_MARKER, requeue_job, under_slurm
@@ -28,8 +32,7 @@ from longctx.distributed.slurm import PREEMPTED_MARKER, requeue_job, under_slurm
 class SaveOnSignal(L.Callback):
     def __init__(
         self,
-        signals: list[str] = ("SIGTERM", "SIGUSR1"),
-        filename: str = "last.ckpt",
+        signals: list[str] = ("SIGTERM", "SIGINT", "SIGUSR1"),
         requeue_signals: list[str] = ("SIGUSR1", "SIGUSR2"),
         requeue: bool | str = "auto",
     ):
@@ -42,30 +45,52 @@ class SaveOnSignal(L.Callback):
         self.requeue_signals = {getattr(signal, s) for s in requeue_signals}
         # "auto": requeue when running inside a SLURM job
         self.requeue = requeue
-        self.filename = filename
         self.requeued: str | None = None
         self.received: int | None = None
         self.saved_path: Path | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # installed after Lightning's own handlers, which would raise mid-step instead
+        self._install()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # again: Lightning registers its SIGTERM handler after on_fit_start, and that one
+        # ends the run with SystemExit(0) and no checkpoint (mid-validation, or when the
+        # signal lands after this callback's step-end check); this handler replaces it
+        self._install()
+
+    def _install(self) -> None:
         for signum in {*self.signals, *self.requeue_signals}:
             signal.signal(signum, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
         self.received = signum
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
         if getattr(pl_module, "_micro", 0) != 0:  # mid-accumulation: wait for the step boundary
             return
-        stop, requeue_wanted = self._any_rank_received(trainer)
-        if not stop:
+        self._save_and_stop_if_signalled(trainer, "")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
+        """A signal that arrives during validation is acted on when validation ends (a safe
+        point: ModelCheckpoint saves there too), not only after one more training step."""
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
-        path = Path(trainer.checkpoint_callback.dirpath) / self.filename
-        trainer.save_checkpoint(path)
+        self._save_and_stop_if_signalled(trainer, " (it arrived during validation)")
+
+    def _save_and_stop_if_signalled(self, trainer: L.Trainer, when: str) -> None:
+        stop, requeue_wanted = self._any_rank_received(trainer)
+        if not stop or self.saved_path is not None:
+            return
+        path = last_checkpoint_path(trainer)
+        if trainer.checkpoint_callback is not None:
+            # the callback's own "last": its next save overwrites this file, never a last-v1
+            trainer.checkpoint_callback.last_model_path = str(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the full state, to resume
         self.saved_path = path
         rank_zero_info(
-            f"signal {self.received}: saved {path} at step {trainer.global_step}; stopping"
+            f"signal {self.received}{when}: saved {path} at step {trainer.global_step}; stopping"
         )
         if requeue_wanted and self._should_requeue() and trainer.is_global_zero:
             self._requeue(path)
@@ -93,3 +118,11 @@ class SaveOnSignal(L.Callback):
         if trainer.world_size > 1:
             flags = trainer.strategy.reduce(flags.to(trainer.strategy.root_device), reduce_op="sum")
         return bool(flags[0] > 0), bool(flags[1] > 0)
+
+
+def last_checkpoint_path(trainer: L.Trainer) -> Path:
+    """Where ModelCheckpoint keeps "last" (there is one "last", always the newest)."""
+    callback = trainer.checkpoint_callback
+    if callback is None or callback.dirpath is None:
+        return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"

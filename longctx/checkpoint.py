@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +50,88 @@ def existing_checkpoint(path: Path) -> Path | None:
     return None
 
 
-def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
-    """None (fresh start), "last" (this run folder's last.ckpt), or an existing checkpoint."""
+class UnreadableCheckpoint(ValueError):
+    """A checkpoint file that is empty, truncated, or not a safe (weights-only) checkpoint."""
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """A checkpoint's contents, memory-mapped (tensors are not read) and weights-only: a
+    checkpoint is data, and a crafted pickle in one must never run code. A sharded (FSDP)
+    checkpoint folder gives its ``meta.pt``: everything but the tensors."""
+    path = Path(path)
+    file = path / "meta.pt" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"no checkpoint at {file}")
+    if file.stat().st_size == 0:
+        raise UnreadableCheckpoint(f"checkpoint {file} is empty (0 bytes)")
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # truncated zip, refused pickle, ...: all name the file
+        raise UnreadableCheckpoint(
+            f"checkpoint {file} cannot be read as a weights-only checkpoint "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:300]})"
+        ) from err
+
+
+@dataclass
+class ResumePoint:
+    """A checkpoint to resume from, checked readable, and what it holds (tensors mapped)."""
+
+    path: str
+    contents: dict
+    note: str  # what was chosen and why, for the log
+
+    @property
+    def step(self) -> int:
+        return int(self.contents.get("global_step", 0))
+
+
+def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> ResumePoint | None:
+    """None (fresh start); "last": this run folder's last.ckpt, or, when that one cannot be
+    read, the newest readable checkpoint next to it (said in ``note``); or a given checkpoint,
+    which must be readable."""
     if ckpt_path is None:
         return None
-    path = output_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
-    found = existing_checkpoint(path)
-    if found is None:
-        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no checkpoint at {path}")
-    return str(found)
+    if ckpt_path != "last":
+        found = existing_checkpoint(Path(ckpt_path))
+        if found is None:
+            raise FileNotFoundError(f"ckpt_path={ckpt_path}: no checkpoint at {ckpt_path}")
+        return ResumePoint(str(found), read_checkpoint(found), f"resuming from {found}")
+    last = output_dir / "checkpoints" / "last.ckpt"
+    candidates = _newest_first(output_dir / "checkpoints", existing_checkpoint(last))
+    if not candidates:
+        raise FileNotFoundError(f"ckpt_path=last: no checkpoint at {last}")
+    problems = []
+    for candidate in candidates:
+        try:
+            contents = read_checkpoint(candidate)
+        except UnreadableCheckpoint as err:
+            problems.append(str(err))
+            continue
+        note = f"resuming from {candidate}"
+        if problems:
+            note = f"{'; '.join(problems)}; falling back to the previous good checkpoint: {note}"
+        return ResumePoint(str(candidate), contents, note)
+    raise UnreadableCheckpoint(f"ckpt_path=last: no readable checkpoint: {'; '.join(problems)}")
 
 
-def auto_resume_path(output_dir: Path) -> str | None:
+def _newest_first(folder: Path, last: Path | None) -> list[Path]:
+    """last.ckpt first, then every other checkpoint in the folder, newest first."""
+    others = [p for p in folder.glob("*.ckpt") if p != last] if folder.is_dir() else []
+    others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    return ([last] if last is not None else []) + others
+
+
+def remove_stale_temp_files(checkpoint_dir: Path) -> list[Path]:
+    """Delete the temp files of checkpoint writes that died mid-way (kill -9, node loss).
+    Only the holder of the run folder's lock may call this: no one else is writing."""
+    stale = sorted(checkpoint_dir.glob(".*.tmp")) if checkpoint_dir.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return stale
+
+
+def auto_resume_path(output_dir: Path) -> ResumePoint | None:
     """The checkpoint a requeued SLURM job resumes from without being told: the run folder's
     last.ckpt when the run was preempted (a PREEMPTED marker, written by SaveOnSignal before it
     requeued) or SLURM restarted the job (SLURM_RESTART_COUNT > 0). None: start fresh."""
@@ -68,5 +140,8 @@ def auto_resume_path(output_dir: Path) -> str | None:
     checkpoints = output_dir / "checkpoints"
     if not (checkpoints / PREEMPTED_MARKER).is_file() and restart_count() == 0:
         return None
-    found = existing_checkpoint(checkpoints / "last.ckpt")
-    return None if found is None else str(found)
+    return (
+        resolve_ckpt_path("last", output_dir)
+        if existing_checkpoint(checkpoints / "last.ckpt")
+        else None
+    )

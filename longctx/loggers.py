@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import csv
 import netrc
 import os
 import uuid
 from pathlib import Path
 
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from omegaconf import DictConfig, OmegaConf
 
 WANDB_ID_FILE = "wandb_run_id"
@@ -66,14 +70,36 @@ def make_wandb_logger(cfg: DictConfig, output_dir: Path, settings: DictConfig):
 
 
 def make_loggers(cfg: DictConfig, output_dir: Path) -> list:
-    from lightning.pytorch.loggers import CSVLogger
-
     loggers = []
     for kind, settings in (cfg.get("logger") or {}).items():
         if kind == "wandb":
             loggers.append(make_wandb_logger(cfg, output_dir, settings))
         elif kind == "csv":
-            loggers.append(CSVLogger(save_dir=str(output_dir), name="csv", version=""))
+            loggers.append(HistoryCSVLogger(save_dir=str(output_dir), name="csv", version=""))
         else:
             raise ValueError(f"logger.{kind}: unknown logger; expected wandb or csv")
     return loggers
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's writer deletes an existing metrics.csv when it starts; this one keeps its
+    rows and header, and appends."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = next(csv.reader(f), [])
+
+
+class HistoryCSVLogger(CSVLogger):
+    """CSVLogger that keeps a run's metrics history across resumes: a resumed run appends to
+    ``csv/metrics.csv``. Steps redone after a crash appear again further down; readers keep
+    the last row of a step (longctx.analysis.csv_rows)."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment

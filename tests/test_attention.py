@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_close_scaled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import create_block_mask
@@ -84,7 +85,7 @@ def test_forward_matches_per_document_reference(backend):
     out = run_backend(backend, batch, q, k, v)
     assert out.shape == q.shape and out.dtype == q.dtype
     expected = per_document_reference(q, k, v, batch.seq_lens)
-    assert (out - expected).abs().max() <= 1e-5
+    assert_close_scaled(out, expected)
 
 
 @pytest.mark.parametrize("backend", ("sdpa", "flex"))
@@ -92,7 +93,7 @@ def test_forward_matches_eager(backend):
     batch = make_batch(MIXED_LENGTHS)
     q, k, v = make_qkv(3, seed=1)
     eager = run_backend("eager", batch, q, k, v)
-    assert (run_backend(backend, batch, q, k, v) - eager).abs().max() <= 1e-5
+    assert_close_scaled(run_backend(backend, batch, q, k, v), eager)
 
 
 @pytest.mark.parametrize("backend", TRAINING_CPU_BACKENDS)
@@ -106,7 +107,7 @@ def test_gradients_match_per_document_reference(backend):
         lambda q, k, v: per_document_reference(q, k, v, batch.seq_lens), q, k, v, weight
     )
     for name, g, w in zip("qkv", got, want, strict=True):
-        assert (g - w).abs().max() <= 1e-5, f"d{name} differs"
+        assert_close_scaled(g, w, msg=f"d{name} differs")
 
 
 @settings(max_examples=20, deadline=None)
@@ -120,7 +121,7 @@ def test_sdpa_matches_reference_for_any_layout(rows, budget):
     batch = make_batch(rows, length)
     q, k, v = make_qkv(len(rows), length)
     out = sdpa_attention(q, k, v, build_sdpa_plan(batch, pad_budget=budget))
-    assert (out - per_document_reference(q, k, v, batch.seq_lens)).abs().max() <= 1e-5
+    assert_close_scaled(out, per_document_reference(q, k, v, batch.seq_lens))
 
 
 def test_sdpa_padding_that_makes_slots_outnumber_tokens():
@@ -130,7 +131,7 @@ def test_sdpa_padding_that_makes_slots_outnumber_tokens():
     assert plan.bucket_shapes == ((2, 4),) and plan.padded_shapes == ((2, 4),)
     q, k, v = make_qkv(1, 7)
     out = sdpa_attention(q, k, v, plan)
-    assert (out - per_document_reference(q, k, v, batch.seq_lens)).abs().max() <= 1e-5
+    assert_close_scaled(out, per_document_reference(q, k, v, batch.seq_lens))
 
 
 def test_sdpa_bf16_close_to_fp32_eager():
@@ -150,10 +151,10 @@ def test_one_segment_per_row_is_plain_causal_attention(backend):
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
     )
     whole = run_backend(backend, make_batch([[L], [L]]), q, k, v)
-    assert (whole - plain_BHLD.transpose(1, 2)).abs().max() <= 1e-5
+    assert_close_scaled(whole, plain_BHLD.transpose(1, 2))
     masked = run_backend(backend, make_batch([[60, L - 60], [L]]), q, k, v)
-    assert (masked[1] - whole[1]).abs().max() <= 1e-5  # row 1 is one segment in both
-    assert (masked[0, :60] - whole[0, :60]).abs().max() <= 1e-5  # before the boundary: same
+    assert_close_scaled(masked[1], whole[1])  # row 1 is one segment in both
+    assert_close_scaled(masked[0, :60], whole[0, :60])  # before the boundary: same
     assert (masked[0, 60:] - whole[0, 60:]).abs().amax(dim=(1, 2)).min() > 1e-3  # after: not
 
 
@@ -203,7 +204,7 @@ def test_long_documents_run_in_place_and_tiny_ones_in_padded_stretches():
     assert plan.padded_runs == (1, 3) and plan.padded_shapes == ((4, 7),)
     q, k, v = make_qkv(1, 521)
     out = sdpa_attention(q, k, v, plan)
-    assert (out - per_document_reference(q, k, v, batch.seq_lens)).abs().max() <= 1e-5
+    assert_close_scaled(out, per_document_reference(q, k, v, batch.seq_lens))
 
 
 def test_negative_pad_budget_is_an_error():

@@ -240,3 +240,27 @@ def test_dataloader_pass_through_keeps_the_batch():
     (out,) = list(loader)
     assert isinstance(out, PackedBatch)
     assert_same_values(out, batch)
+
+
+def test_empty_batch_and_missing_eos_id_are_named():
+    with pytest.raises(ValueError, match=r"B = 0"):
+        PackedBatch.from_lengths(torch.zeros(0, 8, dtype=torch.long), torch.zeros(0, 1), True)
+    with pytest.raises(ValueError, match=r"token_stream .*B = 0"):
+        PackedBatch.from_eos(torch.zeros(0, 9, dtype=torch.long), 1, True)
+    with pytest.raises(ValueError, match=r"eos_id=None"):
+        PackedBatch.from_eos(torch.arange(9).view(1, 9), None, True)
+
+
+def test_uint16_tokens_and_numpy_lengths_work():
+    """What a memory-mapped shard gives: torch.from_numpy keeps numpy's uint16."""
+    ids = np.array([[5, 6, 1, 7, 8, 9, 1, 4, 3]], dtype=np.uint16)
+    expected = PackedBatch.from_eos(torch.from_numpy(ids.astype(np.int64)), 1, True)
+    from_uint16 = PackedBatch.from_eos(torch.from_numpy(ids), 1, True)
+    assert torch.equal(from_uint16.tokens, expected.tokens)
+    assert torch.equal(from_uint16.labels, expected.labels)
+    assert from_uint16.tokens.dtype == torch.int64
+    lengths = [[3, 5]], np.array([[3, 5]]), [np.array([3, 5], dtype=np.int64)]
+    batches = [PackedBatch.from_lengths(torch.from_numpy(ids[:, :8]), s, True) for s in lengths]
+    for batch in batches:
+        assert batch.seq_lens.tolist() == [[3, 5]]
+        assert torch.equal(batch.labels, batches[0].labels)

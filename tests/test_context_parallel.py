@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FAST, compose, final_params, read_metrics, run_train, train_losses
+from helpers import (
+    FAST,
+    assert_close_scaled,
+    compose,
+    final_params,
+    read_metrics,
+    run_train,
+    train_losses,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
@@ -153,7 +161,7 @@ def test_ranks_together_equal_unsharded_attention(backend, size, rounds):
     with torch.no_grad():
         expected = attention(q, k, v, build_attention_metadata(batch, "eager"))
         got = simulated_ranks(backend, batch, size, q, k, v, rounds)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert_close_scaled(got, expected)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
@@ -171,7 +179,7 @@ def test_ranks_together_give_the_unsharded_gradients(backend, size, rounds):
     expected = grads(lambda q, k, v: attention(q, k, v, build_attention_metadata(batch, "eager")))
     got = grads(lambda q, k, v: simulated_ranks(backend, batch, size, q, k, v, rounds))
     for g, e in zip(got, expected, strict=True):
-        torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
+        assert_close_scaled(g, e)
 
 
 @pytest.mark.parametrize("size, rounds", [(2, 1), (3, 2)])
@@ -198,7 +206,7 @@ def test_flash_key_spans_feed_a_varlen_kernel_exactly(size, rounds):
             ]
             got = torch.cat(outs).view(len(ROWS), -1, H, D)
             assert meta.max_seqlen_k == int(meta.cu_seqlens_k.diff().max())
-            torch.testing.assert_close(got, expected[:, shard.global_index], atol=1e-5, rtol=0)
+            assert_close_scaled(got, expected[:, shard.global_index])
 
 
 def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
@@ -217,7 +225,7 @@ def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
     one_call = value_and_grads()
     monkeypatch.setattr(cp, "MASK_BLOCK_ELEMENTS", 40 * 4)  # blocks of 4 queries, checkpointed
     for got, expected in zip(value_and_grads(), one_call, strict=True):
-        torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+        assert_close_scaled(got, expected)
     mask = torch.ones(15, 40, dtype=torch.bool).tril(25)
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1),
@@ -225,7 +233,7 @@ def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
         v.transpose(0, 1).repeat_interleave(2, 0),
         attn_mask=mask,
     ).transpose(0, 1)
-    torch.testing.assert_close(one_call[0], ref, atol=1e-6, rtol=0)
+    assert_close_scaled(one_call[0], ref)
 
 
 def test_gather_row_without_a_group_puts_chunks_back_in_row_order():
@@ -265,11 +273,11 @@ def test_model_with_one_rank_shard_equals_the_batch():
     model = Llama(tiny_config())
     batch = make_batch(reset=True)
     shard = batch.context_shard(0, 1)
-    torch.testing.assert_close(model(shard), model(batch), atol=1e-5, rtol=0)
+    assert_close_scaled(model(shard), model(batch))
     loss, n = model.loss(shard)
     expected_loss, expected_n = model.loss(batch)
     assert n == expected_n
-    torch.testing.assert_close(loss, expected_loss, atol=1e-4, rtol=1e-6)
+    assert_close_scaled(loss, expected_loss)
 
 
 # --------------------------------------------------------------------------- train.py
@@ -294,7 +302,7 @@ def assert_same_training(run_dir: Path, reference: Path, first_step: int = 0) ->
         return
     got, expected = final_params(run_dir), final_params(reference)
     for name, value in expected.items():
-        torch.testing.assert_close(got[name], value, atol=1e-5, rtol=0, msg=name)
+        assert_close_scaled(got[name], value, msg=name)
 
 
 def val_losses(run_dir: Path) -> list[float]:

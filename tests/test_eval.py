@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import FAST, run_train
+from helpers import FAST, assert_close_scaled, run_train
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.data import ByteTokenizer
@@ -193,7 +194,7 @@ def test_answer_logits_from_hidden_states_equal_forward():
     mask = batch.labels != IGNORE_INDEX
     with torch.no_grad():
         full = model(batch)[mask]
-        assert torch.allclose(answer_logits(model, batch), full, atol=1e-5)
+        assert_close_scaled(answer_logits(model, batch), full)
 
 
 # ----------------------------------------------------------------- callback and CLI (trained)
@@ -227,7 +228,9 @@ def test_callback_writes_curves_and_probe(trained_run):
 
 @pytest.mark.slow
 def test_cli_reproduces_the_logged_validation(trained_run, tmp_path):
-    ckpt = trained_run / "checkpoints" / "last.ckpt"
+    # outside its run folder: the model and data config come from the checkpoint itself
+    ckpt = tmp_path / "moved.ckpt"
+    shutil.copy(trained_run / "checkpoints" / "last.ckpt", ckpt)
     out = tmp_path / "eval"
     summary = cli.main([str(ckpt), "--out", str(out), "--probe-lengths", "128",
                         "--probe-depths", "0", "1", "--probe-samples", "1"])  # fmt: skip
@@ -240,9 +243,35 @@ def test_cli_reproduces_the_logged_validation(trained_run, tmp_path):
     assert len(pd.read_csv(out / "position_loss.csv")) == 2 * len(bucket_starts(256))
 
 
+class _RunsCode:
+    """Unpickling this runs code: what a crafted checkpoint does."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+def test_cli_refuses_a_checkpoint_that_would_run_code(tmp_path):
+    crafted = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    crafted.parent.mkdir(parents=True)
+    marker = tmp_path / "code_ran"
+    torch.save({"state_dict": {"model.x": torch.zeros(1)}, "x": _RunsCode(marker)}, crafted)
+    with pytest.raises(ValueError, match=r"last\.ckpt cannot be read as a weights-only"):
+        cli.main([str(crafted), "--no-probe"])
+    assert not marker.exists()
+
+
 def test_cli_errors_name_the_problem(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"\.hydra/config\.yaml"):
-        cli.find_run_config(tmp_path / "checkpoints" / "last.ckpt")
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at .*missing\.ckpt"):
+        cli.main([str(tmp_path / "missing.ckpt"), "--no-probe"])
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.ckpt is empty \(0 bytes\)"):
+        cli.main([str(tmp_path / "empty.ckpt"), "--no-probe"])
+    torch.save({"state_dict": {"model.x": torch.zeros(1)}}, tmp_path / "bare.ckpt")
+    with pytest.raises(ValueError, match=r"bare\.ckpt holds no run config"):
+        cli.main([str(tmp_path / "bare.ckpt"), "--no-probe"])
     torch.save({"state_dict": {"other.weight": torch.zeros(1)}}, tmp_path / "x.ckpt")
     with pytest.raises(KeyError, match="no 'model"):
-        cli.model_state_dict(tmp_path / "x.ckpt")
+        cli.model_state_dict(torch.load(tmp_path / "x.ckpt"), tmp_path / "x.ckpt")

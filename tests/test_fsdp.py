@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_close_scaled
 from module_fixtures import cat_batches, fit, small_module
 from torch import nn
 
@@ -41,10 +42,10 @@ def reference_params(steps: int, momentum: bool) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
 
 
-def assert_params_close(a: dict, b: dict, atol: float = 1e-6) -> None:
+def assert_params_close(a: dict, b: dict, rel: float = 2e-5) -> None:
     assert a.keys() == b.keys()
     for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=name)
+        assert_close_scaled(a[name], b[name], rel=rel, msg=name)
 
 
 @pytest.mark.slow
@@ -114,10 +115,10 @@ def test_train_py_fsdp_sharded_checkpoint_resumes(tmp_path):
     assert last.is_dir() and {"__0_0.distcp", "__1_0.distcp", "meta.pt"} <= {
         p.name for p in last.iterdir()
     }
-    meta = torch.load(last / "meta.pt", weights_only=False)  # non-tensor state, rank 0
+    meta = torch.load(last / "meta.pt", weights_only=True)  # non-tensor state, rank 0
     assert meta["global_step"] == 4 and "LongCtxDataModule" in meta, sorted(meta)
     proc = run_train(
         [*common, "trainer.devices=2", "trainer.max_steps=6", "ckpt_path=last"], tmp_path
     )
     assert "longctx: rank 0/2 stopped at step 6" in proc.stdout, proc.stdout[-2000:]
-    assert torch.load(last / "meta.pt", weights_only=False)["global_step"] == 6
+    assert torch.load(last / "meta.pt", weights_only=True)["global_step"] == 6

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from helpers import FAST, compose, run_train
+from helpers import FAST, assert_close_scaled, compose, run_train
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.hf_adapter import (
@@ -113,16 +113,16 @@ def test_packed_equals_per_document(models, reset):
 
     ref_logits, ref_loss = per_document(ref, batch)
     for got, want in zip(segments(model(batch), batch), ref_logits, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert_close_scaled(got, want)
 
     loss_sum, num_tokens = model.loss(batch)
-    torch.testing.assert_close(loss_sum, ref_loss, atol=1e-5, rtol=1e-6)
+    assert_close_scaled(loss_sum, ref_loss)
     assert num_tokens == sum(FEATURE_LENGTHS) - len(FEATURE_LENGTHS)
     loss_sum.backward()
     ref_loss.backward()
     ref_params = dict(ref.named_parameters())
     for name, p in model.hf_model.named_parameters():
-        torch.testing.assert_close(p.grad, ref_params[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+        assert_close_scaled(p.grad, ref_params[name].grad, msg=name)
 
 
 def test_eager_and_sdpa_backends_agree(tmp_path):
@@ -130,7 +130,7 @@ def test_eager_and_sdpa_backends_agree(tmp_path):
     batch = features_batch(reset=False)
     sdpa = model.token_loss(batch)
     model.attn_backend = "eager"
-    torch.testing.assert_close(model.token_loss(batch), sdpa, atol=1e-5, rtol=1e-5)
+    assert_close_scaled(model.token_loss(batch), sdpa)
 
 
 def test_activation_checkpointing_keeps_loss_and_gradients(tmp_path):
@@ -143,7 +143,7 @@ def test_activation_checkpointing_keeps_loss_and_gradients(tmp_path):
         model.loss(batch)[0].backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+        assert_close_scaled(grads[1][name], grad, msg=name)
 
 
 # ------------------------------------------------------------------ the leak it fixes
@@ -157,12 +157,12 @@ def test_hf_own_attention_leaks_with_continuous_positions(tmp_path):
         hf_reset = ref(**reset.to_hf_kwargs(), use_cache=False)
     # first document of each row: identical; every later one saw the documents before it
     first = slice(0, FEATURE_LENGTHS[0])
-    torch.testing.assert_close(hf_packed.logits[:, first], ours[:, first], atol=1e-5, rtol=1e-5)
+    assert_close_scaled(hf_packed.logits[:, first], ours[:, first])
     later = slice(FEATURE_LENGTHS[0], 48)
     assert (hf_packed.logits[0, later] - ours[0, later]).abs().max() > 1e-2
     # HF masks documents only when positions reset; then its loss is ours (to_hf_kwargs labels)
     loss_sum, num_tokens = model.loss(reset)
-    torch.testing.assert_close(hf_reset.loss, loss_sum / num_tokens, atol=1e-5, rtol=1e-5)
+    assert_close_scaled(hf_reset.loss, loss_sum / num_tokens)
     assert abs(hf_packed.loss - loss_sum / num_tokens) > 1e-3
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_close_scaled
 from module_fixtures import cat_batches, fit, random_batch, small_module
 
 from longctx.module import param_groups, warmup_cosine_schedule
@@ -19,10 +20,10 @@ def params(module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
 
 
-def assert_params_close(a: dict, b: dict, atol: float) -> None:
+def assert_params_close(a: dict, b: dict, rel: float = 2e-5) -> None:
     assert a.keys() == b.keys()
     for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=name)
+        assert_close_scaled(a[name], b[name], rel=rel, msg=name)
 
 
 def test_accumulation_equals_one_big_batch():
@@ -35,7 +36,7 @@ def test_accumulation_equals_one_big_batch():
     fit(accumulated, [b1, b2, b3, b4], max_steps=2)
     whole = small_module(accumulate=1)
     fit(whole, [cat_batches([b1, b2]), cat_batches([b3, b4])], max_steps=2)
-    assert_params_close(params(accumulated), params(whole), atol=1e-6)
+    assert_params_close(params(accumulated), params(whole))
 
 
 def test_per_micro_batch_mean_would_differ():
@@ -79,7 +80,7 @@ def test_ddp_two_processes_equal_one_process(tmp_path):
     single = small_module()
     steps = [cat_batches(batches[2 * s : 2 * s + 2]) for s in range(script.STEPS)]
     fit(single, steps, max_steps=script.STEPS)
-    assert_params_close(torch.load(out), params(single), atol=1e-6)
+    assert_params_close(torch.load(out, weights_only=True), params(single))
 
 
 def test_no_weight_decay_on_norms_and_embeddings():
@@ -121,4 +122,4 @@ def test_compile_trains_like_eager_without_recompiling_for_new_layouts():
     compiled = small_module(compile=True)
     with torch._dynamo.config.patch(error_on_recompile=True):
         fit(compiled, batches, max_steps=3)
-    assert_params_close(params(compiled), params(eager), atol=1e-5)
+    assert_params_close(params(compiled), params(eager), rel=2e-4)

@@ -256,7 +256,7 @@ def test_ablation_sweep_is_a_job_array(tmp_path):
 
 
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
 
 PREEMPT = [
@@ -403,13 +403,13 @@ def test_auto_resume_only_after_preemption_or_restart(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     ckpts = tmp_path / "checkpoints"
     ckpts.mkdir()
-    (ckpts / "last.ckpt").write_bytes(b"x")
+    torch.save({"global_step": 3}, ckpts / "last.ckpt")
     assert auto_resume_path(tmp_path) is None  # a finished run is not resumed by accident
     (ckpts / "PREEMPTED").write_text("last.ckpt")
-    assert auto_resume_path(tmp_path) == str(ckpts / "last.ckpt")
+    assert auto_resume_path(tmp_path).path == str(ckpts / "last.ckpt")
     (ckpts / "PREEMPTED").unlink()
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    assert auto_resume_path(tmp_path) == str(ckpts / "last.ckpt")
+    assert auto_resume_path(tmp_path).path == str(ckpts / "last.ckpt")
     (ckpts / "last.ckpt").unlink()
     assert auto_resume_path(tmp_path) is None  # restarted before its first checkpoint: fresh
 

@@ -154,7 +154,7 @@ def test_sigterm_checkpoints_and_resume_matches(tmp_path):
     proc.send_signal(signal.SIGTERM)  # mid-run: the first checkpoint is at step 5 of 30
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
-    stopped_at = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    stopped_at = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert 5 <= stopped_at < 30, out[-3000:]
     run_train([*RESUME, *steps, "run_name=killed", "ckpt_path=last"], tmp_path)
     a, b = final_params(tmp_path / "outputs" / "train" / "full"), final_params(killed)

@@ -32,14 +32,18 @@ How the document stream is cut (and why):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from longctx.batch import PackedBatch
@@ -72,6 +76,8 @@ class DataConfig:
     chunk_documents: int = 10_000  # resume replays at most this many documents per stream
 
     def __post_init__(self) -> None:
+        if isinstance(self.shards, str):  # data.shards=/one/folder: one source, not its letters
+            self.shards = [self.shards]
         for name in ("seq_len", "micro_batch_size", "buffer_size", "val_rows", "chunk_documents"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
         _require(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0")
@@ -317,6 +323,17 @@ def _identity(batch):
     return batch
 
 
+def _worker_init(worker_id: int, rank: int) -> None:
+    """Stop signals are the main process's to handle: a SIGTERM to the process group
+    (scancel, timeout) or Ctrl-C would otherwise kill the workers (torch's worker handler
+    dies on a SIGTERM not sent by its parent) before the main process saved its checkpoint.
+    The workers still exit with the main process (the loader's shutdown, its watchdog)."""
+    for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if os.environ.get("PL_SEED_WORKERS") == "1":  # Lightning adds this only without ours
+        pl_worker_init_function(worker_id, rank)
+
+
 class _TrainLoader(DataLoader):
     """A DataLoader that reads the resume position when an iterator starts."""
 
@@ -509,6 +526,7 @@ class LongCtxDataModule(L.LightningDataModule):
             pin_memory=self.config.pin_memory and torch.cuda.is_available(),
             persistent_workers=False,  # each iterator must start at the current position
             prefetch_factor=2 if workers else None,
+            worker_init_fn=functools.partial(_worker_init, rank=self.rank),
         )
 
     def val_dataloader(self) -> DataLoader:

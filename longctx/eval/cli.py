@@ -1,7 +1,8 @@
 """python -m longctx.eval CHECKPOINT: per-position loss and the passkey probe of a trained run.
 
-The run's ``.hydra/config.yaml`` (next to ``checkpoints/``) rebuilds the model and data configs;
-the checkpoint's ``model.*`` weights are loaded; the fixed validation set gives the loss by
+The model and data config stored in the checkpoint (by train.py) rebuild the model as it was
+trained; the checkpoint is read weights-only (a checkpoint is data: a crafted pickle in one
+must not run code), and its ``model.*`` weights are loaded; the fixed validation set gives the loss by
 position bucket; the passkey probe gives accuracy by context length and needle depth. Results go
 to ``--out`` (default ``<run>/eval``) as CSV and JSON.
 """
@@ -28,26 +29,25 @@ from longctx.eval.probes import (
 )
 
 
-def find_run_config(checkpoint: Path) -> Path:
-    """The .hydra/config.yaml of the run a checkpoint belongs to (searched upwards)."""
-    for folder in checkpoint.resolve().parents:
-        candidate = folder / ".hydra" / "config.yaml"
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"no .hydra/config.yaml above {checkpoint}; expected the checkpoint inside a run folder "
-        "(<run>/checkpoints/last.ckpt) written by train.py"
-    )
-
-
-def load_configs(
-    config_path: Path, seq_len: int | None, cache_dir: str | None, backend: str | None
-):
-    """(LlamaConfig, DataConfig) from a run's saved Hydra config, with CLI overrides."""
-    from hydra.utils import instantiate
+def stored_run_config(checkpoint: dict, path: Path):
+    """The run's resolved model and data config, as train.py stored it in the checkpoint."""
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(config_path)
+    from longctx.run_identity import CHECKPOINT_KEY
+
+    stored = (checkpoint.get(CHECKPOINT_KEY) or {}).get("config")
+    if stored is None:
+        raise ValueError(
+            f"{path} holds no run config (key {CHECKPOINT_KEY!r}); expected a checkpoint "
+            "written by train.py"
+        )
+    return OmegaConf.create(stored)
+
+
+def load_configs(cfg, seq_len: int | None, cache_dir: str | None, backend: str | None):
+    """(LlamaConfig, DataConfig) from a run's stored config, with CLI overrides."""
+    from hydra.utils import instantiate
+
     if cache_dir is not None:
         cfg.data.cache_dir = cache_dir
     elif not _resolvable(cfg, "data.cache_dir"):
@@ -70,9 +70,8 @@ def _resolvable(cfg, key: str) -> bool:
         return False
 
 
-def model_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+def model_state_dict(state: dict, path: Path) -> dict[str, torch.Tensor]:
     """The Llama weights of a Lightning checkpoint (keys ``model.`` or ``model._orig_mod.``)."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     weights = state.get("state_dict", state)
     out = {}
     for key, value in weights.items():
@@ -81,16 +80,16 @@ def model_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
                 out[key[len(prefix) :]] = value
                 break
     if not out:
-        raise KeyError(f"{checkpoint} has no 'model.*' weights; keys start {list(weights)[:5]}")
+        raise KeyError(f"{path} has no 'model.*' weights; keys start {list(weights)[:5]}")
     return out
 
 
-def load_model(checkpoint: Path, model_config, device: str):
+def load_model(state: dict, path: Path, model_config, device: str):
     from longctx.model import Llama
 
     with torch.device("meta"):
         model = Llama(model_config)
-    model.load_state_dict(model_state_dict(checkpoint), strict=True, assign=True)
+    model.load_state_dict(model_state_dict(state, path), strict=True, assign=True)
     return model.to(device).eval()
 
 
@@ -155,14 +154,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from longctx.checkpoint import read_checkpoint
     from longctx.data import LongCtxDataModule, load_tokenizer
 
-    config_path = find_run_config(args.checkpoint)
+    state = read_checkpoint(args.checkpoint)  # names the file when missing or unreadable
     model_config, data_config = load_configs(
-        config_path, args.seq_len, args.cache_dir, args.backend
+        stored_run_config(state, args.checkpoint), args.seq_len, args.cache_dir, args.backend
     )
-    out = args.out or config_path.parent.parent / "eval"
-    model = load_model(args.checkpoint, model_config, args.device)
+    # <run>/checkpoints/last.ckpt -> <run>/eval
+    out = args.out or args.checkpoint.resolve().parent.parent / "eval"
+    model = load_model(state, args.checkpoint, model_config, args.device)
     datamodule = LongCtxDataModule(data_config)
     acc = position_loss(model, datamodule, args.device)
     summary = {
