@@ -208,7 +208,8 @@ class Llama(nn.Module):
     def _rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         c = self.config
         inv_freq = inv_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, position_ids.device)
-        return rope_cos_sin(inv_freq, position_ids, dtype)
+        scale = 1.0 if c.rope_scaling is None else c.rope_scaling.attention_scale
+        return rope_cos_sin(inv_freq, position_ids, dtype, scale)
 
     def _check_batch(self, batch: PackedBatch) -> None:
         device = self.tok_embeddings.weight.device
