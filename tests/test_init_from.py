@@ -1,0 +1,198 @@
+"""model.init_from: transformers folders (sharded too) and longctx checkpoints initialise the
+native Llama, as a new stage; shape mismatches and non-checkpoints are named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from module_fixtures import SMALL, fit, random_batch, small_module
+
+from longctx.model import Llama, LlamaConfig
+from longctx.model.init_from import InitFromError, load_init_weights, resolve
+
+# a transformers Llama with the shapes of module_fixtures.SMALL (the tiny preset's other fields)
+HF_SMALL = dict(
+    vocab_size=SMALL["vocab_size"],
+    hidden_size=SMALL["dim"],
+    intermediate_size=SMALL["ffn_dim"],
+    num_hidden_layers=SMALL["n_layers"],
+    num_attention_heads=SMALL["n_heads"],
+    num_key_value_heads=SMALL["n_kv_heads"],
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=256,
+    initializer_range=0.1,
+)
+
+
+def save_hf_small(path, dtype=torch.float32, shard: str | None = "20KB", **changes) -> str:
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**HF_SMALL, **changes}))
+    model.to(dtype).save_pretrained(path, max_shard_size=shard or "10GB")
+    return str(path)
+
+
+def config_for(path, **overrides) -> LlamaConfig:
+    return LlamaConfig.from_name("tiny", **{**SMALL, "init_from": str(path), **overrides})
+
+
+def loaded(config: LlamaConfig) -> Llama:
+    with torch.device("meta"):
+        model = Llama(config)
+    load_init_weights(model, "cpu")
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sharded_transformers_folder_loads_its_weights(tmp_path, dtype):
+    path = save_hf_small(tmp_path, dtype)
+    assert (
+        len(
+            set(
+                json.loads((tmp_path / "model.safetensors.index.json").read_text())[
+                    "weight_map"
+                ].values()
+            )
+        )
+        > 1
+    )
+    ours = loaded(config_for(path))
+    reference = Llama.from_hf(path, attn_backend="sdpa")
+    for name, tensor in reference.state_dict().items():
+        assert ours.state_dict()[name].dtype == torch.float32
+        assert torch.equal(ours.state_dict()[name], tensor), name
+    theirs = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    batch = random_batch(3, [[40]], 40)
+    with torch.no_grad():
+        expected = theirs(input_ids=batch.tokens, position_ids=batch.position_ids).logits
+        got = ours.eval()(batch)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+
+
+def test_module_reads_init_from_in_configure_model_as_a_new_stage(tmp_path):
+    """LongCtxModule builds on meta and reads the weights in configure_model; the optimizer,
+    schedule and step count start fresh, and training moves the weights from there."""
+    path = save_hf_small(tmp_path / "hf")
+    module = small_module(init_from=path)
+    assert all(p.is_meta for p in module.model.parameters())
+    trainer = fit(module, [random_batch(i, [[30, 34]], 64) for i in range(2)], max_steps=2)
+    assert trainer.global_step == 2
+    start = Llama.from_hf(path).state_dict()
+    moved = [n for n, t in module.model.state_dict().items() if not torch.equal(t, start[n])]
+    assert moved, "no weight trained"
+    # the step-0 loss is the checkpoint's, i.e. the weights were loaded before training
+    reference = small_module(init_from=path)
+    load_init_weights(reference.model, "cpu")
+    batch = random_batch(0, [[30, 34]], 64)
+    first = fit(small_module(init_from=path), [batch], max_steps=1).callback_metrics["loss"]
+    loss_sum, count = reference.model.loss(batch)
+    assert float(first) == pytest.approx(float(loss_sum) / count, rel=1e-5)
+
+
+def test_longctx_checkpoint_file_and_run_folder(tmp_path):
+    """A run's last.ckpt (or its run folder) initialises a new stage with the same weights."""
+    source = small_module(seed=3)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    trainer = fit(source, [random_batch(0, [[64]], 64)], max_steps=1, default_root_dir=tmp_path)
+    ckpt.parent.mkdir(parents=True)
+    trainer.save_checkpoint(ckpt)
+    for path in (ckpt, tmp_path / "run"):
+        model = loaded(LlamaConfig.from_name("tiny", **SMALL, init_from=str(path)))
+        for name, tensor in source.model.state_dict().items():
+            assert torch.equal(model.state_dict()[name], tensor), (path, name)
+
+
+def test_sharded_longctx_checkpoint_folder(tmp_path):
+    """A sharded (torch.distributed.checkpoint) folder in the layout Lightning's FSDP2
+    strategy writes: {"state_dict": {"model.<name>": ...}}, read by offsets."""
+    import torch.distributed.checkpoint as dcp
+
+    source = small_module(seed=4).model
+    state = {"state_dict": {f"model.{k}": v for k, v in source.state_dict().items()}}
+    dcp.save(state, checkpoint_id=str(tmp_path / "last.ckpt"))
+    assert resolve(tmp_path / "last.ckpt").kind == "longctx-sharded"
+    model = loaded(LlamaConfig.from_name("tiny", **SMALL, init_from=str(tmp_path / "last.ckpt")))
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+
+
+def test_rope_change_is_reported_not_refused(tmp_path):
+    path = save_hf_small(tmp_path, shard=None)
+    config = config_for(path, rope_theta=8e6)
+    source = resolve(path)
+    source.check(config)
+    assert "rope_theta=500000.0" in source.rope_change(config)
+    assert "rope_theta=8000000.0" in source.rope_change(config)
+    assert source.rope_change(config_for(path)) is None
+
+
+# --------------------------------------------------------------------------- bad input
+def test_missing_path_is_named(tmp_path):
+    with pytest.raises(InitFromError, match=r"init_from='.*nowhere' does not exist; expected"):
+        resolve(tmp_path / "nowhere")
+
+
+def test_not_a_checkpoint_is_named(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(InitFromError, match="is not a checkpoint torch can read"):
+        resolve(tmp_path / "notes.txt")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InitFromError, match="is not a checkpoint; expected a transformers"):
+        resolve(tmp_path / "empty")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(InitFromError, match="run folder without checkpoints/last.ckpt"):
+        resolve(tmp_path / "run")
+    torch.save({"weights": 1}, tmp_path / "other.pt")
+    with pytest.raises(InitFromError, match="has no 'state_dict'"):
+        resolve(tmp_path / "other.pt")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(InitFromError, match=r"config.json but no \*.safetensors"):
+        resolve(tmp_path / "hf")
+
+
+def test_wrong_architecture_is_named(tmp_path):
+    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=97)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    with pytest.raises(InitFromError, match=r"model_type='gpt2' \(expected 'llama'\)"):
+        resolve(tmp_path)
+    torch.save(
+        {"state_dict": {"model.hf_model.lm_head.weight": torch.zeros(2)}}, tmp_path / "x.ckpt"
+    )
+    with pytest.raises(InitFromError, match="expected longctx's Llama"):
+        resolve(tmp_path / "x.ckpt")
+
+
+def test_shape_mismatch_names_fields_and_tensors(tmp_path):
+    path = save_hf_small(tmp_path / "hf", shard=None)
+    with pytest.raises(InitFromError, match=r"dim: model 128 vs checkpoint 64; ffn_dim: model 256"):
+        resolve(path).check(config_for(path, dim=128, ffn_dim=256))
+    with pytest.raises(InitFromError, match="tie_embeddings: model True vs checkpoint False"):
+        resolve(path).check(config_for(path, tie_embeddings=True))
+    # a longctx checkpoint carries no config: the tensors are compared, by name and shape
+    ckpt = tmp_path / "small.ckpt"
+    state = {f"model.{k}": v for k, v in small_module().model.state_dict().items()}
+    torch.save({"state_dict": state}, ckpt)
+    with pytest.raises(
+        InitFromError,
+        match=r"feed_forward.w1.weight: model \(256, 64\) vs checkpoint \(128, 64\)",
+    ):
+        resolve(ckpt).check(LlamaConfig.from_name("tiny", **{**SMALL, "ffn_dim": 256}))
+    with pytest.raises(InitFromError, match=r"missing \['layers.2.attention.wk.weight'"):
+        resolve(ckpt).check(LlamaConfig.from_name("tiny", **{**SMALL, "n_layers": 3}))
+
+
+def test_app_preflight_refuses_a_mismatched_init_from(tmp_path):
+    from helpers import compose
+
+    from longctx.app import ConfigError, run
+
+    path = save_hf_small(tmp_path / "hf", shard=None)
+    cfg = compose(["model=tiny", f"model.init_from={path}", "dry_run=true"], output_dir=tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"vocab_size: model 512 vs checkpoint 97; dim: model 256"
+    ):
+        run(cfg)
