@@ -196,3 +196,108 @@ def test_app_preflight_refuses_a_mismatched_init_from(tmp_path):
         ConfigError, match=r"vocab_size: model 512 vs checkpoint 97; dim: model 256"
     ):
         run(cfg)
+
+
+# --------------------------------------------------------------------------- train.py
+# the shapes of a tiny "Llama-3.1-8B": model=llama3_8b with its shapes overridden
+TINY_8B = [
+    "model=llama3_8b",
+    "+model.vocab_size=512",
+    "+model.dim=64",
+    "+model.n_layers=2",
+    "+model.n_heads=4",
+    "+model.n_kv_heads=2",
+    "+model.ffn_dim=128",
+]
+LLAMA31_ROPE = dict(
+    rope_type="llama3",
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+)
+
+
+def save_tiny_llama31(path, vocab_size: int = 512) -> str:
+    """A transformers checkpoint shaped like TINY_8B with Llama 3.1's RoPE, sharded + index."""
+    return save_hf_small(
+        path,
+        shard="40KB",
+        vocab_size=vocab_size,
+        rope_scaling=LLAMA31_ROPE,
+        max_position_embeddings=131072,
+    )
+
+
+def first_batch(tmp_path):
+    """The first global batch a fresh run of FAST composes (one data-parallel rank)."""
+    from helpers import FAST, compose
+    from hydra.utils import instantiate
+
+    from longctx.data import LongCtxDataModule
+
+    datamodule = LongCtxDataModule(instantiate(compose(FAST, output_dir=tmp_path).data))
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    return next(iter(datamodule.train_dataloader()))
+
+
+def step_loss(model: Llama, batch) -> float:
+    with torch.no_grad():
+        loss_sum, count = model.loss(batch)
+    return float(loss_sum) / count
+
+
+@pytest.mark.slow
+def test_issue_command_fsdp_context_parallel_then_a_next_stage(tmp_path):
+    """`train.py model=llama3_8b model.init_from=<Llama 3.1 folder> model.rope_theta=8e6
+    data.seq_len=... trainer=fsdp` at tiny scale (2 gloo ranks, context parallel 2): the first
+    step's loss is the checkpoint's under theta 8e6. Its sharded last.ckpt (via the run folder)
+    then starts a next stage with YaRN: fresh step count and data position, its weights."""
+    from helpers import FAST, read_metrics, run_train, train_losses
+
+    hf = save_tiny_llama31(tmp_path / "Llama-3.1-8B")
+    runs = tmp_path / "outputs" / "train"
+    save = ["trainer.max_steps=2", "callbacks.checkpoint.every_n_train_steps=2"]
+    proc = run_train(
+        [*FAST, *TINY_8B, f"model.init_from={hf}", "model.rope_theta=8e6", "data.seq_len=256",
+         "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
+         "trainer.context_parallel=2", *save, "run_name=stage1"],
+        tmp_path,
+    )  # fmt: skip
+    assert "trained with rope_theta=500000.0" in proc.stdout, proc.stdout[-2000:]
+    batch = first_batch(tmp_path)
+    expected = Llama.from_hf(hf, attn_backend="sdpa", rope_theta=8e6)
+    losses = train_losses(runs / "stage1")
+    assert losses[0] == pytest.approx(step_loss(expected, batch), rel=1e-5)
+    assert (runs / "stage1" / "checkpoints" / "last.ckpt").is_dir()  # sharded
+
+    yarn = "model.rope_scaling={type: yarn, factor: 4}"
+    run_train(
+        [*FAST, *TINY_8B, f"model.init_from={runs / 'stage1'}", yarn, *save, "run_name=stage2"],
+        tmp_path,
+    )
+    config = LlamaConfig.from_name(
+        "llama3_8b", vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
+        rope_scaling={"type": "yarn", "factor": 4}, attn_backend="sdpa",
+        init_from=str(runs / "stage1"),
+    )  # fmt: skip
+    stage2 = train_losses(runs / "stage2")
+    assert len(stage2) == 2  # a new stage: steps counted from 0
+    assert stage2[0] == pytest.approx(step_loss(loaded(config), batch), rel=1e-5)
+    assert abs(stage2[0] - losses[0]) > 1e-3  # stage 1's training moved the weights
+    lrs = [float(r["train/lr"]) for r in read_metrics(runs / "stage1") if r.get("train/lr")]
+    lrs2 = [float(r["train/lr"]) for r in read_metrics(runs / "stage2") if r.get("train/lr")]
+    assert lrs2 == lrs  # the schedule restarts
+
+
+def test_init_from_vocabulary_must_cover_the_data_tokenizer(tmp_path):
+    from helpers import FAST, run_train
+
+    hf = save_tiny_llama31(tmp_path / "small_vocab", vocab_size=200)
+    shapes = [a.replace("vocab_size=512", "vocab_size=200") for a in TINY_8B]
+    proc = run_train(
+        [*FAST, *shapes, f"model.init_from={hf}", "trainer.max_steps=1"], tmp_path, check=False
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "model.vocab_size=200" in proc.stderr and "vocab_size 259" in proc.stderr
