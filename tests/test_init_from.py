@@ -3,13 +3,17 @@ native Llama, as a new stage; shape mismatches and non-checkpoints are named."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 import transformers
 from module_fixtures import SMALL, fit, random_batch, small_module
 
+from longctx.batch import PackedBatch
 from longctx.model import Llama, LlamaConfig
 from longctx.model.init_from import InitFromError, load_init_weights, resolve
 
@@ -289,6 +293,31 @@ def test_issue_command_fsdp_context_parallel_then_a_next_stage(tmp_path):
     lrs = [float(r["train/lr"]) for r in read_metrics(runs / "stage1") if r.get("train/lr")]
     lrs2 = [float(r["train/lr"]) for r in read_metrics(runs / "stage2") if r.get("train/lr")]
     assert lrs2 == lrs  # the schedule restarts
+
+    # ckpt_path= still resumes the stage (its weights, step and data position), init_from or not
+    proc = run_train(
+        [*FAST, *TINY_8B, f"model.init_from={runs / 'stage1'}", yarn, "trainer.max_steps=3",
+         "run_name=stage2", "ckpt_path=last"],
+        tmp_path,
+    )  # fmt: skip
+    assert "rank 0/1 stopped at step 3" in proc.stdout, proc.stdout[-2000:]
+
+    # the stage as a transformers folder: YaRN config, same logits, through the CLI
+    out = tmp_path / "exported"
+    subprocess.run(
+        [sys.executable, "-m", "longctx.export", str(runs / "stage2"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert theirs.config.rope_parameters["rope_type"] == "yarn"
+    assert theirs.config.rope_parameters["rope_theta"] == 500000.0
+    ours = loaded(dataclasses.replace(config, init_from=str(runs / "stage2")))
+    row = batch.tokens[:1, :200], torch.arange(200)[None]
+    with torch.no_grad():
+        expected = theirs(input_ids=row[0], position_ids=row[1]).logits
+        got = ours.eval()(PackedBatch.from_lengths(row[0], [[200]], reset_position_ids=False))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
 
 
 def test_init_from_vocabulary_must_cover_the_data_tokenizer(tmp_path):
