@@ -12,7 +12,6 @@ DIR must be empty or absent: an export never overwrites.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,7 +20,6 @@ import torch
 
 from longctx.data.tokenizer import ByteTokenizer
 from longctx.model import Llama, LlamaConfig
-from longctx.model.hf import CONFIG_FILE, config_to_hf, to_hf_name
 from longctx.model.init_from import InitFromError, resolve
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -85,19 +83,13 @@ def _read(checkpoint: Path, config: LlamaConfig) -> Llama:
 
 
 def _write(model: Llama, folder: Path, max_shard_size: str, tokenizer) -> None:
-    from huggingface_hub import save_torch_state_dict
+    from longctx.model.hf import save_hf
 
-    state = {to_hf_name(k): v.detach().contiguous() for k, v in model.state_dict().items()}
-    dtype = next(iter(state.values())).dtype
-    save_torch_state_dict(state, folder, max_shard_size=max_shard_size, metadata={"format": "pt"})
-    hf_config = config_to_hf(model.config, dtype)
+    specials = {}
     if tokenizer is None:
-        hf_config.update(
-            bos_token_id=ByteTokenizer.BOS,
-            eos_token_id=ByteTokenizer.EOS,
-            pad_token_id=ByteTokenizer.PAD,
-        )
-    (folder / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
+        byte = ByteTokenizer
+        specials = dict(bos_token_id=byte.BOS, eos_token_id=byte.EOS, pad_token_id=byte.PAD)
+    save_hf(model, folder, max_shard_size, **specials)
     if tokenizer is None:
         byte_tokenizer_fast().save_pretrained(folder)
     else:

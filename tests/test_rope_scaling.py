@@ -150,7 +150,9 @@ def test_yarn_attention_temperature_is_transformers(saved):
 @pytest.mark.parametrize("kind", sorted(SCALINGS))
 def test_save_hf_round_trips_the_rope_settings(kind, tmp_path, folder):
     ours = Llama.from_hf(folder(kind), attn_backend="sdpa")
-    ours.save_hf(tmp_path)
+    ours.save_hf(tmp_path, max_shard_size="20KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1  # sharded, with its index
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["rope_theta"] == THETA
     theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from longctx.model.config import LlamaConfig
 from longctx.model.rope import RopeScaling
@@ -169,13 +169,19 @@ def _from_hf_names(model, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.
     return {expected[k]: v for k, v in hf_state.items()}
 
 
-def save_hf(model, path: str | Path) -> None:
-    """config.json + model.safetensors with HF names (lm_head omitted when tied)."""
+def save_hf(
+    model, path: str | Path, max_shard_size: str | int = "5GB", **config_extra: Any
+) -> None:
+    """config.json (plus ``config_extra`` keys) and safetensors with HF names (lm_head omitted
+    when tied): model.safetensors, or shards and their index above ``max_shard_size``."""
+    from huggingface_hub import save_torch_state_dict
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {
         to_hf_name(name): t.detach().cpu().contiguous() for name, t in model.state_dict().items()
     }
     dtype = next(iter(state.values())).dtype
-    (path / CONFIG_FILE).write_text(json.dumps(config_to_hf(model.config, dtype), indent=2))
-    save_file(state, path / WEIGHTS_FILE, metadata={"format": "pt"})
+    hf_config = {**config_to_hf(model.config, dtype), **config_extra}
+    (path / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
+    save_torch_state_dict(state, path, max_shard_size=max_shard_size, metadata={"format": "pt"})

@@ -247,8 +247,8 @@ class Llama(nn.Module):
 
         return load_hf(cls, path, **overrides)
 
-    def save_hf(self, path: str | Path) -> None:
+    def save_hf(self, path: str | Path, max_shard_size: str | int = "5GB") -> None:
         """Write a folder that transformers' LlamaForCausalLM.from_pretrained loads."""
         from longctx.model.hf import save_hf
 
-        save_hf(self, path)
+        save_hf(self, path, max_shard_size)
