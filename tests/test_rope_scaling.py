@@ -268,6 +268,8 @@ def test_model_hf_bad_rope_overrides_are_named(folder):
     bad = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 0.5}}
     with pytest.raises(ValueError, match="beta_fast=0.5 must be greater"):
         HFModelSpec(path=folder("default"), config_overrides=bad)
+    with pytest.raises(ValueError, match=r"RoPE type 'yarn' needs \['factor'\]"):
+        HFModelSpec(path=folder("default"), config_overrides={"rope_scaling": {"type": "yarn"}})
     with pytest.raises(ValueError, match="unsupported RoPE type 'dynamic'"):
         HFModelSpec(
             path=folder("default"),

@@ -168,6 +168,12 @@ class RopeScaling:
             raise ValueError(
                 f"unsupported RoPE type {kind!r}; expected 'default' or one of {ROPE_TYPES}"
             )
+        needed = (
+            ("factor", "low_freq_factor", "high_freq_factor") if kind == "llama3" else ("factor",)
+        )
+        missing = [k for k in needed if rope.get(k) is None]
+        if missing:
+            raise ValueError(f"RoPE type {kind!r} needs {missing}; got {rope}")
         fields: dict[str, Any] = {"type": kind, "factor": float(rope["factor"])}
         original = rope.get("original_max_position_embeddings", max_position)
         fields["original_max_position"] = int(original)
