@@ -225,6 +225,21 @@ def pop_context_parallel(cfg: DictConfig) -> tuple[int, int]:
         return cfg.trainer.pop("context_parallel", 1), cfg.trainer.pop("context_parallel_rounds", 1)
 
 
+def check_init_from(model_config) -> None:
+    """model.init_from names weights of this model's shapes (read later, by each rank)."""
+    if not isinstance(model_config, LlamaConfig) or not model_config.init_from:
+        return
+    from longctx.model.init_from import resolve
+
+    try:
+        source = resolve(model_config.init_from)
+        source.check(model_config)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    if (change := source.rope_change(model_config)) is not None:
+        print(change, flush=True)
+
+
 def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:
     """Weights, gradients and AdamW state per device (activations not included)."""
     return model_config.num_params() * BYTES_PER_PARAM_TRAINING // max(shards, 1)
@@ -267,6 +282,7 @@ def preflight(cfg: DictConfig, model_config: LlamaConfig, seq_len: int) -> torch
     check_topology(cfg.trainer)
     check_backend(model_config, seq_len, device)
     check_context_parallel(cfg, model_config, seq_len)
+    check_init_from(model_config)
     if not cfg.dry_run:
         check_memory(model_config, cfg.trainer, device)
     return device

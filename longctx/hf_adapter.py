@@ -35,6 +35,8 @@ from longctx.model.attention import (
     resolve_backend,
 )
 from longctx.model.loss import chunked_token_loss
+from longctx.model.rope import RopeScaling
+from longctx.model.validation import require_positive
 
 ATTN_IMPLEMENTATION = "longctx"
 # model_type values whose layers keep a recurrent / linear-attention / convolution state that
@@ -297,15 +299,55 @@ def estimate_hf_flops(config, hf_model: nn.Module, seq_lens: Tensor) -> float:
 
 # ------------------------------------------------------------------------ loading
 def load_hf_config(path: str | Path, **config_overrides):
-    """AutoConfig of a local checkpoint folder; refuses families longctx cannot mask."""
+    """AutoConfig of a local checkpoint folder; refuses families longctx cannot mask.
+
+    ``rope_theta`` and ``rope_scaling`` (or ``rope_parameters``) overrides are applied by
+    :func:`override_rope`, the others as AutoConfig keyword arguments.
+    """
     from transformers import AutoConfig
 
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"model.path={str(path)!r} is not a folder with a config.json")
+    rope = {k: config_overrides.pop(k) for k in ROPE_OVERRIDES if k in config_overrides}
     config = AutoConfig.from_pretrained(folder, local_files_only=True, **config_overrides)
+    if rope:
+        override_rope(config, **rope)
     check_supported(config)
     return config
+
+
+ROPE_OVERRIDES = ("rope_theta", "rope_scaling", "rope_parameters")
+
+
+def override_rope(config, rope_theta=None, rope_scaling=None, rope_parameters=None) -> None:
+    """Set the RoPE base and/or scaling of a loaded config, validated as longctx's RopeScaling.
+
+    AutoConfig keywords would not do: transformers 5 ignores ``rope_theta`` when config.json
+    has ``rope_parameters``, and a ``rope_scaling`` keyword drops the base. So the whole
+    ``rope_parameters`` dict is rebuilt here: the new scaling (or the checkpoint's) and the
+    new base (or the scaling dict's, or the checkpoint's).
+    """
+    if rope_scaling is not None and rope_parameters is not None:
+        raise ValueError("config_overrides: give rope_scaling or rope_parameters, not both")
+    text = config.get_text_config()
+    current = dict(text.rope_parameters or {})
+    if text.nested_rope_parameter_keys(current):
+        raise UnsupportedModelError(
+            f"{_describe(config)} has RoPE parameters per layer type; longctx overrides only a "
+            "single rope_parameters dict"
+        )
+    scaling = rope_scaling if rope_scaling is not None else rope_parameters
+    new = dict(scaling) if scaling is not None else current
+    if rope_theta is None:
+        rope_theta = new.get("rope_theta") or current.get("rope_theta")
+    require_positive("config_overrides.rope_theta", rope_theta)
+    new["rope_theta"] = float(rope_theta)
+    if scaling is not None:  # one validation: longctx's own (names the bad value)
+        RopeScaling.from_hf(new, text.max_position_embeddings)
+    text.rope_parameters = new
+    text.standardize_rope_params()
+    text.validate_rope()
 
 
 def load_hf_causal_lm(

@@ -32,8 +32,15 @@ ModelSpec = LlamaConfig | Callable[[], nn.Module]
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
-    """Llama(spec) for a LlamaConfig; otherwise call the factory and check the interface."""
+    """Llama(spec) for a LlamaConfig; otherwise call the factory and check the interface.
+
+    With ``spec.init_from`` the Llama is built on the meta device: configure_model shards it
+    (under FSDP2), materialises it and reads the weights (each rank its own shards).
+    """
     if isinstance(spec, LlamaConfig):
+        if spec.init_from:
+            with torch.device("meta"):
+                return Llama(spec)
         return Llama(spec)
     if not callable(spec):
         raise TypeError(
@@ -152,6 +159,10 @@ class LongCtxModule(L.LightningModule):
 
             shard = getattr(self.trainer.strategy, "shard", None)
             shard(self.model) if shard else apply_fsdp(self.model, self._device_mesh)
+        if any(p.is_meta for p in self.model.parameters()):  # model.init_from, not yet read
+            from longctx.model.init_from import load_init_weights
+
+            load_init_weights(self.model, self.trainer.strategy.root_device)
 
     def _is_sharded(self) -> bool:
         from torch.distributed.fsdp import FSDPModule

@@ -1,16 +1,21 @@
 """Run by tests/test_fsdp.py: FSDP2 (longctx.distributed.FSDP2Strategy) on CPU with gloo.
 
 python fsdp_script.py --devices N --steps S --out params.pt [--start K --resume CKPT]
-    [--save CKPT] [--momentum]
+    [--save CKPT] [--momentum] [--init-from DIR --read-report FILE]
 
 Global step s trains on the micro-batches 2s and 2s+1 of rank_batches(): with 2 processes
 rank r takes 2s+r, with 1 process both stacked, so every world size sees the same data.
 --start K --resume CKPT continues from a checkpoint written after K steps. The full
 (unsharded) parameters go to --out from rank 0; --save writes a sharded checkpoint at the end.
+--init-from starts from a transformers folder (model.init_from); each rank writes how many
+elements it read from the safetensors files to FILE.<rank>.
 """
 
 import argparse
+import json
+import math
 from functools import partial
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -42,6 +47,23 @@ class Steps(torch.utils.data.IterableDataset):
             yield cat_batches(pair) if self.world == 1 else pair[self.rank_of()]
 
 
+def count_reads() -> dict:
+    """Count the elements init_from reads from safetensors (by wrapping its reader)."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    import longctx.model.init_from as init_from
+
+    read = {"elements": 0}
+
+    class Counting(HuggingFaceStorageReader):
+        def _process_read_request(self, f, req, planner):
+            read["elements"] += math.prod(req.lengths)
+            super()._process_read_request(f, req, planner)
+
+    init_from._hf_reader = lambda path: Counting(str(path))
+    return read
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--devices", type=int, required=True)
@@ -51,9 +73,12 @@ def main() -> None:
     ap.add_argument("--resume")
     ap.add_argument("--save")
     ap.add_argument("--momentum", action="store_true")
+    ap.add_argument("--init-from")
+    ap.add_argument("--read-report")
     args = ap.parse_args()
 
-    module = small_module()
+    read = count_reads() if args.init_from else None
+    module = small_module(init_from=args.init_from)
     if args.momentum:
         module.optimizer_factory = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
     data = Steps(rank_batches(args.steps), args.start, args.steps, args.devices, lambda: rank)
@@ -79,6 +104,8 @@ def main() -> None:
     )
     if rank == 0:
         torch.save({k: v.clone() for k, v in full.items()}, args.out)
+    if args.read_report:
+        Path(f"{args.read_report}.{rank}").write_text(json.dumps(read))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

@@ -17,10 +17,14 @@ SMALL = dict(
 
 
 def small_module(
-    accumulate: int = 1, lr: float = 0.1, seed: int = 0, compile: bool = False
+    accumulate: int = 1,
+    lr: float = 0.1,
+    seed: int = 0,
+    compile: bool = False,
+    init_from: str | None = None,
 ) -> LongCtxModule:
     torch.manual_seed(seed)
-    config = LlamaConfig.from_name("tiny", **SMALL)
+    config = LlamaConfig.from_name("tiny", **SMALL, init_from=init_from)
     # SGD, not Adam: Adam's first step is invariant to the gradient's scale and nearly to its
     # direction, so it would hide a wrong loss normalisation
     return LongCtxModule(

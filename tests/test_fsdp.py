@@ -3,6 +3,7 @@ on 1 rank; the sharding helpers refuse what they cannot do, by name."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from functools import partial
@@ -32,9 +33,11 @@ def run_script(*args: str) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
 
 
-def reference_params(steps: int, momentum: bool) -> dict[str, torch.Tensor]:
+def reference_params(
+    steps: int, momentum: bool, init_from: str | None = None
+) -> dict[str, torch.Tensor]:
     """One ordinary process, no FSDP, both micro-batches of a step stacked."""
-    module = small_module()
+    module = small_module(init_from=init_from)
     if momentum:  # optimizer state to reshard; AdamW would amplify round-off (sign of ~0 grads)
         module.optimizer_factory = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
     batches = fsdp_script.rank_batches(steps)
@@ -71,6 +74,36 @@ def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path):
         "--out", str(end), "--momentum",
     )  # fmt: skip
     assert_params_close(torch.load(end), reference_params(4, momentum=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["transformers", "longctx_ckpt"])
+def test_init_from_under_fsdp_reads_each_ranks_shards_only(tmp_path, source):
+    """model.init_from with 2 FSDP2 ranks: training from a sharded transformers folder (or a
+    single-file longctx checkpoint) equals one ordinary process started from it, and from
+    safetensors each rank reads about half of the elements (its own rows)."""
+    from test_init_from import save_hf_small
+
+    from longctx.model import Llama
+
+    path = save_hf_small(tmp_path / "hf")
+    if source == "longctx_ckpt":
+        state = {f"model.{k}": v for k, v in Llama.from_hf(path).state_dict().items()}
+        path = str(tmp_path / "stage.ckpt")
+        torch.save({"state_dict": state}, path)
+    out, report = tmp_path / "fsdp2.pt", tmp_path / "read"
+    run_script(
+        "--devices", "2", "--steps", "2", "--out", str(out),
+        "--init-from", path, "--read-report", str(report),
+    )  # fmt: skip
+    assert_params_close(torch.load(out), reference_params(2, momentum=False, init_from=path))
+    if source == "longctx_ckpt":
+        return  # memory-mapped: each rank copies its slices, nothing to count
+    total = sum(v.numel() for v in small_module().model.state_dict().values())
+    for rank in (0, 1):
+        read = json.loads(Path(f"{report}.{rank}").read_text())["elements"]
+        assert read <= 0.55 * total, (rank, read, total)  # its half (+ rounding of odd rows)
+        assert read >= 0.45 * total, (rank, read, total)
 
 
 def test_blocks_found_or_refused_by_name():

@@ -165,14 +165,14 @@ def test_from_hf_lists_missing_and_unexpected_keys(tmp_path):
 def test_from_hf_rejects_unsupported_configs(tmp_path):
     path = _saved(hf_model("gqa"), tmp_path)
     hf = json.loads((path / "config.json").read_text())
-    hf["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}
+    hf["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}
     hf["attention_bias"] = True
     (path / "config.json").write_text(json.dumps(hf))
     with pytest.raises(ValueError, match="attention_bias=True"):
         Llama.from_hf(path)
     hf["attention_bias"] = False
     (path / "config.json").write_text(json.dumps(hf))
-    with pytest.raises(ValueError, match="unsupported RoPE type 'yarn'"):
+    with pytest.raises(ValueError, match="unsupported RoPE type 'dynamic'"):
         Llama.from_hf(path)
 
 

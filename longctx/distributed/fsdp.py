@@ -64,6 +64,11 @@ def apply_fsdp(
     )
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    if mesh.ndim > 1:
+        # Lightning's ModelParallelStrategy mesh is (data_parallel, tensor_parallel); a 2-D
+        # mesh would make fully_shard replicate over the first dim and shard over the second
+        # (HSDP), i.e. over tensor_parallel = 1: every rank would hold every parameter
+        mesh = mesh["data_parallel"]
     blocks = transformer_blocks(model)
     for i, block in enumerate(blocks):
         if activation_checkpointing:

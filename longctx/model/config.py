@@ -6,25 +6,8 @@ import dataclasses
 from typing import Any
 
 from longctx.model.attention import ATTENTION_BACKENDS
-
-
-@dataclasses.dataclass
-class RopeScaling:
-    """Llama 3.1 RoPE frequency scaling (long wavelengths divided by ``factor``)."""
-
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position: int = 8192
-
-    def __post_init__(self) -> None:
-        for name in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position"):
-            _require_positive(f"rope_scaling.{name}", getattr(self, name))
-        if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(
-                f"rope_scaling.high_freq_factor={self.high_freq_factor} must be greater than "
-                f"low_freq_factor={self.low_freq_factor} (the smooth band lies between them)"
-            )
+from longctx.model.rope import RopeScaling
+from longctx.model.validation import require_positive, require_positive_int
 
 
 @dataclasses.dataclass
@@ -46,6 +29,9 @@ class LlamaConfig:
     activation_checkpointing: bool = False
     loss_chunk_size: int = 4096  # tokens per chunk of the chunked cross-entropy
     init_std: float = 0.02
+    # weights to start from (a new stage: fresh optimizer, schedule and data position): a
+    # transformers folder, or a longctx checkpoint / run folder (longctx.model.init_from)
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, dict):  # Hydra hands nested configs over as dicts
@@ -61,14 +47,16 @@ class LlamaConfig:
             raise ValueError(
                 f"rope_scaling={self.rope_scaling!r}; expected a RopeScaling, a dict or None"
             )
+        if self.init_from is not None and not isinstance(self.init_from, str):
+            raise ValueError(f"init_from={self.init_from!r}; expected a path or None")
 
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim"):
-            _require_positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name))
         for name in ("max_seq_len", "loss_chunk_size"):
-            _require_positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name))
         for name in ("norm_eps", "rope_theta", "init_std"):
-            _require_positive(name, getattr(self, name))
+            require_positive(name, getattr(self, name))
 
     def _check_heads(self) -> None:
         if self.dim % self.n_heads:
@@ -99,7 +87,12 @@ class LlamaConfig:
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> LlamaConfig:
-        """A named preset ("tiny", "llama3_1b", "llama3_8b") with field overrides."""
+        """A named preset ("tiny", "llama3_1b", "llama3_8b") with field overrides.
+
+        An override of None keeps the preset's value (Hydra's yaml spells "not overridden" so);
+        a ``rope_scaling`` dict is merged into the preset's (``{"factor": 16}`` keeps its type
+        and original length).
+        """
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -108,17 +101,13 @@ class LlamaConfig:
             raise ValueError(
                 f"unknown LlamaConfig overrides {unknown}; fields are {sorted(fields)}"
             )
-        return cls(**{**PRESETS[name], **overrides})
-
-
-def _require_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r}; expected a positive int")
-
-
-def _require_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{name}={value!r}; expected a positive number")
+        merged = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
+        if isinstance(overrides.get("rope_scaling"), dict):
+            merged["rope_scaling"] = {
+                **(PRESETS[name].get("rope_scaling") or {}),
+                **overrides["rope_scaling"],
+            }
+        return cls(**merged)
 
 
 # rope_scaling as a dict so that every config gets its own RopeScaling (from __post_init__).

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from longctx.model.config import LlamaConfig, RopeScaling
+from longctx.model.config import LlamaConfig
+from longctx.model.rope import RopeScaling
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -94,19 +95,8 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     params = hf.get("rope_parameters") or {}
     legacy = hf.get("rope_scaling") or {}
     theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
-    rope = params or legacy
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind == "default":
-        return float(theta), None
-    if kind != "llama3":
-        raise ValueError(f"unsupported RoPE type {kind!r}; expected 'default' or 'llama3'")
-    scaling = RopeScaling(
-        factor=float(rope["factor"]),
-        low_freq_factor=float(rope["low_freq_factor"]),
-        high_freq_factor=float(rope["high_freq_factor"]),
-        original_max_position=int(rope["original_max_position_embeddings"]),
-    )
-    return float(theta), scaling
+    max_position = hf.get("max_position_embeddings", 2048)
+    return float(theta), RopeScaling.from_hf(params or legacy, max_position)
 
 
 def config_to_hf(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -134,14 +124,7 @@ def config_to_hf(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
         "dtype": str(dtype).removeprefix("torch."),
     }
     if config.rope_scaling is not None:
-        s = config.rope_scaling
-        out["rope_scaling"] = {
-            "rope_type": "llama3",
-            "factor": s.factor,
-            "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position,
-        }
+        out["rope_scaling"] = config.rope_scaling.to_hf()
     return out
 
 
@@ -186,13 +169,19 @@ def _from_hf_names(model, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.
     return {expected[k]: v for k, v in hf_state.items()}
 
 
-def save_hf(model, path: str | Path) -> None:
-    """config.json + model.safetensors with HF names (lm_head omitted when tied)."""
+def save_hf(
+    model, path: str | Path, max_shard_size: str | int = "5GB", **config_extra: Any
+) -> None:
+    """config.json (plus ``config_extra`` keys) and safetensors with HF names (lm_head omitted
+    when tied): model.safetensors, or shards and their index above ``max_shard_size``."""
+    from huggingface_hub import save_torch_state_dict
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {
         to_hf_name(name): t.detach().cpu().contiguous() for name, t in model.state_dict().items()
     }
     dtype = next(iter(state.values())).dtype
-    (path / CONFIG_FILE).write_text(json.dumps(config_to_hf(model.config, dtype), indent=2))
-    save_file(state, path / WEIGHTS_FILE, metadata={"format": "pt"})
+    hf_config = {**config_to_hf(model.config, dtype), **config_extra}
+    (path / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
+    save_torch_state_dict(state, path, max_shard_size=max_shard_size, metadata={"format": "pt"})

@@ -208,7 +208,8 @@ class Llama(nn.Module):
     def _rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         c = self.config
         inv_freq = inv_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, position_ids.device)
-        return rope_cos_sin(inv_freq, position_ids, dtype, c.exact_rope_angles)
+        scale = 1.0 if c.rope_scaling is None else c.rope_scaling.attention_scale
+        return rope_cos_sin(inv_freq, position_ids, dtype, scale, c.exact_rope_angles)
 
     def _check_batch(self, batch: PackedBatch) -> None:
         device = self.tok_embeddings.weight.device
@@ -246,8 +247,8 @@ class Llama(nn.Module):
 
         return load_hf(cls, path, **overrides)
 
-    def save_hf(self, path: str | Path) -> None:
+    def save_hf(self, path: str | Path, max_shard_size: str | int = "5GB") -> None:
         """Write a folder that transformers' LlamaForCausalLM.from_pretrained loads."""
         from longctx.model.hf import save_hf
 
-        save_hf(self, path)
+        save_hf(self, path, max_shard_size)
