@@ -118,8 +118,8 @@ def read_longctx_checkpoint(path: Path) -> dict[str, Tensor]:
     """The Llama weights (longctx names) of a single-file longctx checkpoint, memory-mapped:
     the one place a longctx .ckpt is read for init_from."""
     try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except Exception as err:  # a text file, a truncated file, another format
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as err:  # a text file, a truncated file, another format, a crafted pickle
         raise InitFromError(
             f"model.init_from={str(path)!r} is not a checkpoint torch can read ({err}); expected "
             "a longctx .ckpt file"
