@@ -30,10 +30,12 @@ from tqdm import tqdm
 from longctx.data.shards import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    PREPARED_MARKER,
     Manifest,
     ShardInfo,
     SplitInfo,
     atomic_save_npy,
+    atomic_write_bytes,
     load_manifest,
     remove_temp_files,
     shard_files_intact,
@@ -67,7 +69,7 @@ def prepare(
     existing = _existing_manifest(out, input_hash, overwrite)
     if existing is not None:
         return existing
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_folder(out)
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # the old commit point goes first
     remove_temp_files(out)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
@@ -115,6 +117,23 @@ def _existing_manifest(out: Path, input_hash: str, overwrite: bool) -> Manifest 
             "folder or pass overwrite=True / --overwrite"
         )
     return None
+
+
+def claim_output_folder(out: Path) -> None:
+    """Create ``out`` and mark it ours; refuse a non-empty folder that prepare did not make.
+
+    The marker is written before any shard, so an interrupted run's folder is still ours.
+    """
+    marked = (out / PREPARED_MARKER).is_file() or (out / MANIFEST_NAME).is_file()
+    if out.is_dir() and not marked and any(out.iterdir()):
+        raise FileExistsError(
+            f"--out {out} is a non-empty folder that holds no prepared corpus (no "
+            f"{MANIFEST_NAME} or {PREPARED_MARKER}); expected a new or empty folder, so "
+            "prepare never writes among (or deletes) files that are not its own"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / PREPARED_MARKER).is_file():
+        atomic_write_bytes(out / PREPARED_MARKER, b"written by python -m longctx.data.prepare\n")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -167,19 +186,43 @@ def read_documents(path: Path, sha256: str) -> Iterator[tuple[str, str]]:
     """(source id, text) of every document in one input file, in file order."""
     kind = _format_of(path)
     if kind == "text":
-        yield sha256, path.read_text(encoding="utf-8")
+        yield sha256, _decode_text(path.read_bytes(), str(path))
     elif kind == "jsonl":
         yield from _read_jsonl(path, sha256)
     else:
         yield from _read_parquet(path, sha256)
 
 
+def _decode_text(data: bytes, where: str) -> str:
+    """UTF-8 text or a ValueError naming ``where`` (a binary file is refused, not tokenised)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{where} is not UTF-8 text (invalid byte 0x{data[err.start]:02x} at offset "
+            f"{err.start}); expected UTF-8 text, .jsonl or .parquet input"
+        ) from err
+    if "\0" in text:
+        raise ValueError(
+            f"{where} holds NUL bytes (offset {text.index(chr(0))}): a binary file, not text; "
+            "expected UTF-8 text, .jsonl or .parquet input"
+        )
+    return text
+
+
 def _read_jsonl(path: Path, sha256: str) -> Iterator[tuple[str, str]]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    with open(path, "rb") as f:  # bytes: line numbers are the real ones (only \n ends a line)
+        for line_no, raw in enumerate(f, 1):
+            line = _decode_text(raw, f"{path}:{line_no}")
             if not line.strip():
                 continue
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"{path}:{line_no} is not valid JSON ({err.msg} at column {err.colno}); "
+                    'expected one object per line, {"text": "...", "id": optional}'
+                ) from err
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise ValueError(
                     f"{path}:{line_no} has no string 'text' field; expected "

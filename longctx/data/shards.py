@@ -23,6 +23,15 @@ import numpy as np
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "val")
+# temp files of an atomic write: a prefix no user file is expected to have, so cleaning up
+# after an interrupted write never touches files that are not ours
+TEMP_PREFIX = ".longctx-tmp-"
+# written first into a prepare output folder: the folder is ours even before its manifest exists
+PREPARED_MARKER = ".longctx-prepare"
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read: its path and the offending key are in the message."""
 
 
 @dataclasses.dataclass
@@ -60,17 +69,60 @@ class Manifest:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> Manifest:
+    def from_dict(cls, data: dict, where: str = "manifest") -> Manifest:
+        """Build from parsed JSON; a missing, unknown or mistyped key raises ManifestError
+        naming ``where`` and the key's path (``splits.train.shards[3].tokens``)."""
+        _check_keys(data, cls, where, "")
+        splits = _field(data, "splits", dict, where, "")
         data = dict(data)
         data["splits"] = {
-            name: SplitInfo(
-                documents=s["documents"],
-                tokens=s["tokens"],
-                shards=[ShardInfo(**shard) for shard in s["shards"]],
-            )
-            for name, s in data["splits"].items()
+            name: _split_from_dict(s, where, f"splits.{name}.") for name, s in splits.items()
         }
         return cls(**data)
+
+
+_FIELD_TYPES = {"int": int, "str": str, "dict": dict, "float": (int, float), "list[dict]": list}
+
+
+def _check_keys(data, cls, where: str, prefix: str) -> None:
+    if not isinstance(data, dict):
+        raise ManifestError(
+            f"{where}: {prefix or 'top level'} is {type(data).__name__}; expected an object"
+        )
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    for name in required:
+        if name not in data:
+            raise ManifestError(
+                f"{where}: key '{prefix}{name}' is missing; the manifest is truncated or edited, prepare the corpus again"
+            )
+    for name, value in data.items():
+        if name not in fields:
+            raise ManifestError(f"{where}: unknown key '{prefix}{name}'; expected {sorted(fields)}")
+        wanted = _FIELD_TYPES.get(str(fields[name].type))
+        if wanted is not None and (not isinstance(value, wanted) or isinstance(value, bool)):
+            raise ManifestError(
+                f"{where}: key {prefix}{name} = {value!r}; expected {fields[name].type}"
+            )
+
+
+def _field(data: dict, name: str, kind: type, where: str, prefix: str):
+    value = data[name]
+    if not isinstance(value, kind):
+        raise ManifestError(f"{where}: key {prefix}{name} = {value!r}; expected {kind.__name__}")
+    return value
+
+
+def _split_from_dict(data, where: str, prefix: str) -> SplitInfo:
+    _check_keys(data, SplitInfo, where, prefix)
+    shards = _field(data, "shards", list, where, prefix)
+    for i, shard in enumerate(shards):
+        _check_keys(shard, ShardInfo, where, f"{prefix}shards[{i}].")
+    return SplitInfo(data["documents"], data["tokens"], [ShardInfo(**s) for s in shards])
 
 
 # --------------------------------------------------------------------------- atomic files
@@ -90,7 +142,9 @@ class _atomic_file:
         self.path = Path(path)
 
     def __enter__(self):
-        fd, self.tmp = tempfile.mkstemp(prefix=f".tmp-{self.path.name}.", dir=self.path.parent)
+        fd, self.tmp = tempfile.mkstemp(
+            prefix=f"{TEMP_PREFIX}{self.path.name}.", dir=self.path.parent
+        )
         os.chmod(self.tmp, 0o644)  # mkstemp makes 0600; a shared cache must be readable
         self.f = os.fdopen(fd, "wb")
         return self.f
@@ -118,8 +172,8 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def remove_temp_files(folder: Path) -> None:
-    """Drop leftovers of an interrupted write (never listed in any manifest)."""
-    for path in Path(folder).glob(".tmp-*"):
+    """Drop leftovers of an interrupted write (never listed in any manifest); only ours."""
+    for path in Path(folder).glob(f"{TEMP_PREFIX}*"):
         path.unlink(missing_ok=True)
 
 
@@ -136,7 +190,14 @@ def load_manifest(folder: str | Path) -> Manifest:
             f"{path} does not exist; expected a folder prepared by "
             "`python -m longctx.data.prepare` (an interrupted prepare leaves no manifest)"
         )
-    manifest = Manifest.from_dict(json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ManifestError(
+            f"{path} is not valid JSON ({err}); the manifest is truncated or edited, "
+            "prepare the corpus again"
+        ) from err
+    manifest = Manifest.from_dict(data, where=str(path))
     if manifest.format_version != FORMAT_VERSION:
         raise ValueError(
             f"{path} has format_version {manifest.format_version}, expected {FORMAT_VERSION}; "
