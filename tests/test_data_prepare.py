@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longctx.data.prepare import is_validation, prepare
+from longctx.data.prepare import PrepareTaskFailed, prepare
 from longctx.data.shards import (
     MANIFEST_NAME,
     TEMP_PREFIX,
@@ -22,6 +22,7 @@ from longctx.data.shards import (
     ShardSet,
     load_manifest,
 )
+from longctx.data.sources import is_validation
 from longctx.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 TEXTS = [f"document {i}: " + "lorem ipsum dolor " * (i % 7 + 1) + "é✓" for i in range(60)]
@@ -166,7 +167,7 @@ def test_rerun_is_noop_and_changed_inputs_refused(tmp_path):
 _SLOW_PREPARE = """
 import sys, time
 import numpy as np
-from longctx.data.prepare import prepare
+from longctx.data.prepare import PrepareTaskFailed, prepare
 from longctx.data.tokenizer import ByteTokenizer
 
 class SlowByte(ByteTokenizer):
@@ -193,7 +194,7 @@ def test_interrupted_prepare_then_rerun_equals_uninterrupted(tmp_path):
     )
     try:
         deadline = time.time() + 60
-        while len(list(out.glob("train-0000[3-9].tokens.npy"))) == 0:
+        while len(list(out.glob("train-00000-0000[3-9].tokens.npy"))) == 0:
             assert proc.poll() is None and time.time() < deadline, "prepare ended too soon"
             time.sleep(0.02)
     finally:
@@ -202,7 +203,7 @@ def test_interrupted_prepare_then_rerun_equals_uninterrupted(tmp_path):
     assert not (out / MANIFEST_NAME).exists()  # no commit point: readers refuse the folder
     with pytest.raises(FileNotFoundError, match="manifest"):
         ShardSet(out)
-    prepare([src], out, "byte", workers=2, val_fraction=0.1, shard_tokens=300, progress=False)
+    prepare([src], out, "byte", workers=1, val_fraction=0.1, shard_tokens=300, progress=False)
     clean = tmp_path / "clean"
     prepare([src], clean, "byte", workers=1, val_fraction=0.1, shard_tokens=300, progress=False)
     listed = load_manifest(clean)
@@ -222,7 +223,7 @@ def test_bad_inputs_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="no non-empty documents"):
         prepare([empty], tmp_path / "out", progress=False)
     (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1 has no string 'text'"):
+    with pytest.raises(PrepareTaskFailed, match="bad.jsonl:1 has no string 'text'"):
         prepare([tmp_path / "bad.jsonl"], tmp_path / "out2", workers=1, progress=False)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_tokenizer(str(tmp_path / "no-such-tokenizer"))
@@ -282,14 +283,14 @@ def test_prepare_keeps_the_users_temp_files_and_refuses_a_foreign_folder(tmp_pat
 )
 def test_unreadable_input_names_file_and_line(tmp_path, name, data, message):
     (tmp_path / name).write_bytes(data)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(PrepareTaskFailed, match=message):
         prepare([tmp_path / name], tmp_path / "out", workers=1, progress=False)
 
 
 def test_jsonl_line_numbers_count_carriage_returns_as_text(tmp_path):
     """A lone \\r inside a line is not a line break for editors (nor here): line 2 is line 2."""
     (tmp_path / "cr.jsonl").write_bytes(b'{"text": "a"}\r\n{"text": "b"} \r {oops\n')
-    with pytest.raises(ValueError, match=r"cr.jsonl:2 is not valid JSON"):
+    with pytest.raises(PrepareTaskFailed, match=r"cr.jsonl:2 is not valid JSON"):
         prepare([tmp_path / "cr.jsonl"], tmp_path / "out", workers=1, progress=False)
 
 

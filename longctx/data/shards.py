@@ -3,9 +3,12 @@
 Layout of a prepared folder::
 
     manifest.json                 written last, atomically: the commit point
-    train-00000.tokens.npy        uint16/uint32 tokens of consecutive documents (each ends in EOS)
-    train-00000.index.npy         int64 offsets [documents + 1] into the tokens file
-    val-00000.tokens.npy ...      the held-out split, same format
+    train-00000-00000.tokens.npy  uint16/uint32 tokens of consecutive documents (each ends in
+                                  EOS); named train-<task>-<n>: each prepare task writes its own
+    train-00000-00000.index.npy   int64 offsets [documents + 1] into the tokens file
+    val-00000-00000.tokens.npy    the held-out split, same format
+    .longctx-prepare              marks the folder as prepare's (written before any shard)
+    .longctx-work/                the tasks' results and logs (datatrove's logging folder)
 
 A reader trusts only shards listed in a complete manifest whose files have the listed sizes.
 """
@@ -76,7 +79,7 @@ class Manifest:
         splits = _field(data, "splits", dict, where, "")
         data = dict(data)
         data["splits"] = {
-            name: _split_from_dict(s, where, f"splits.{name}.") for name, s in splits.items()
+            name: split_info_from_dict(s, where, f"splits.{name}.") for name, s in splits.items()
         }
         return cls(**data)
 
@@ -117,7 +120,7 @@ def _field(data: dict, name: str, kind: type, where: str, prefix: str):
     return value
 
 
-def _split_from_dict(data, where: str, prefix: str) -> SplitInfo:
+def split_info_from_dict(data, where: str, prefix: str) -> SplitInfo:
     _check_keys(data, SplitInfo, where, prefix)
     shards = _field(data, "shards", list, where, prefix)
     for i, shard in enumerate(shards):
@@ -171,9 +174,10 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def remove_temp_files(folder: Path) -> None:
-    """Drop leftovers of an interrupted write (never listed in any manifest); only ours."""
-    for path in Path(folder).glob(f"{TEMP_PREFIX}*"):
+def remove_temp_files(folder: Path, stem: str = "") -> None:
+    """Drop leftovers of an interrupted write (never listed in any manifest): only ours, and
+    with ``stem`` only those of files named ``stem*`` (one task's, while others write)."""
+    for path in Path(folder).glob(f"{TEMP_PREFIX}{stem}*"):
         path.unlink(missing_ok=True)
 
 
@@ -218,6 +222,54 @@ def shard_files_intact(folder: Path, manifest: Manifest) -> bool:
                 if not path.is_file() or path.stat().st_size != size:
                     return False
     return True
+
+
+# --------------------------------------------------------------------------- writer
+class SplitWriter:
+    """Accumulates documents and writes a shard (tokens + offsets) every ``shard_tokens``.
+
+    Shards are named ``{stem}-{n:05d}``: each prepare task writes under its own stem.
+    """
+
+    def __init__(self, folder: Path, stem: str, dtype, shard_tokens: int) -> None:
+        self.folder, self.stem, self.dtype = Path(folder), stem, dtype
+        self.shard_tokens = shard_tokens
+        self.info = SplitInfo()
+        self._docs: list[np.ndarray] = []
+        self._pending = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        self._docs.append(ids.astype(self.dtype))
+        self._pending += len(ids)
+        if self._pending >= self.shard_tokens:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._docs:
+            return
+        name = f"{self.stem}-{len(self.info.shards):05d}"
+        tokens = np.concatenate(self._docs)
+        offsets = np.zeros(len(self._docs) + 1, dtype=np.int64)
+        np.cumsum([len(d) for d in self._docs], out=offsets[1:])
+        atomic_save_npy(self.folder / f"{name}.tokens.npy", tokens)
+        atomic_save_npy(self.folder / f"{name}.index.npy", offsets)
+        self.info.shards.append(
+            ShardInfo(
+                tokens_file=f"{name}.tokens.npy",
+                index_file=f"{name}.index.npy",
+                documents=len(self._docs),
+                tokens=len(tokens),
+                tokens_bytes=(self.folder / f"{name}.tokens.npy").stat().st_size,
+                index_bytes=(self.folder / f"{name}.index.npy").stat().st_size,
+            )
+        )
+        self.info.documents += len(self._docs)
+        self.info.tokens += len(tokens)
+        self._docs, self._pending = [], 0
+
+    def close(self) -> SplitInfo:
+        self._flush()
+        return self.info
 
 
 # --------------------------------------------------------------------------- reader
