@@ -176,17 +176,22 @@ def test_slurm_executor_with_no_slurm_reachable(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ on the local SLURM
 SLOW_PREPARE = """
-import sys, time
+import sys
 from longctx.data.prepare import SlurmOptions, prepare
 from longctx.data.tokenizer import ByteTokenizer
 
 class SlowByte(ByteTokenizer):  # same spec as 'byte': reruns and the local run share a hash
+    def __init__(self, sleep_s):
+        self.sleep_s = sleep_s
+
     def encode(self, text):
-        time.sleep(float(sys.argv[4]))
+        import time  # the class travels to the SLURM job by value; this module's globals do not
+
+        time.sleep(self.sleep_s)
         return super().encode(text)
 
 inputs, out, job_name = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
-prepare(inputs, out, SlowByte(), tasks=4, executor="slurm", val_fraction=0.2,
+prepare(inputs, out, SlowByte(float(sys.argv[4])), tasks=4, executor="slurm", val_fraction=0.2,
         slurm=SlurmOptions("debug", time="00:10:00", job_name=job_name, poll_seconds=0.5))
 """
 

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -251,13 +252,19 @@ def _slurm_failure(missing: list[int], ranks: list[int], executor, logging_dir: 
     for rank in missing:
         slurm_log = Path(executor.slurm_logs_folder) / f"{executor.job_id}_{ranks.index(rank)}.out"
         task_log = Path(logging_dir) / "logs" / f"task_{rank:05d}.log"
-        lines.append(f"  task {rank}: {_last_line(slurm_log)}\n    logs: {slurm_log}, {task_log}")
+        lines.append(f"  task {rank}: {_last_error(slurm_log)}\n    logs: {slurm_log}, {task_log}")
     lines.append("rerun the same command: finished tasks are kept, only these are redone")
     return "\n".join(lines)
 
 
-def _last_line(path: Path) -> str:
+def _last_error(path: Path) -> str:
+    """The task's last Python error line in its SLURM log (srun prefixes lines with '0: ')."""
     if not path.is_file():
         return "never started (no SLURM log)"
     lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1][-300:] if lines else "(empty SLURM log)"
+    errors = [
+        line.split(": ", 1)[1] if line[:1].isdigit() else line
+        for line in lines
+        if re.search(r"\w+(Error|Exception|Interrupt)\b", line) and not line.startswith("srun:")
+    ]
+    return (errors or lines or ["(empty SLURM log)"])[-1][-300:]

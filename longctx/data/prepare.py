@@ -91,7 +91,7 @@ def prepare(
     tok = load_tokenizer(tokenizer)
     sources = [describe_source(path) for path in expand_inputs(inputs)]
     input_hash = _input_hash(sources, tok.spec, val_fraction, shard_tokens)
-    existing = _existing_manifest(out, input_hash, overwrite)
+    existing = existing_manifest(out, input_hash, overwrite)
     if existing is not None:
         return existing
     claim_output_folder(out)
@@ -163,7 +163,7 @@ def _check_options(val_fraction, shard_tokens, tasks, workers, executor, slurm):
     return tasks, min(workers or cpus, tasks)
 
 
-def _existing_manifest(out: Path, input_hash: str, overwrite: bool) -> Manifest | None:
+def existing_manifest(out: Path, input_hash: str, overwrite: bool) -> Manifest | None:
     """The manifest already in ``out`` when it is this exact preparation and intact."""
     if not (out / MANIFEST_NAME).is_file():
         return None
