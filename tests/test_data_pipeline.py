@@ -221,6 +221,7 @@ def work_dir(out: Path) -> Path:
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 @pytest.mark.usefixtures("slurm_cluster")
 def test_four_slurm_tasks_equal_the_single_process_run(tmp_path):
     files = mixed_inputs(tmp_path / "in")
@@ -240,6 +241,7 @@ def test_four_slurm_tasks_equal_the_single_process_run(tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 @pytest.mark.usefixtures("slurm_cluster")
 def test_killed_slurm_task_is_named_and_the_rerun_redoes_only_it(tmp_path):
     files = mixed_inputs(tmp_path / "in", scale=4)  # 160 + 18 documents, 4 tasks
