@@ -100,7 +100,7 @@ def prepare(
     dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32).name
     pipeline = [
         ReadDocuments(sources),
-        TokenizeDocuments(tok, val_fraction),
+        TokenizeDocuments(tok, val_fraction, dtype),
         WriteShards(out, work / "results", dtype, shard_tokens),
     ]
     if executor == "slurm":

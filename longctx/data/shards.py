@@ -239,7 +239,7 @@ class SplitWriter:
         self._pending = 0
 
     def add(self, ids: np.ndarray) -> None:
-        self._docs.append(ids.astype(self.dtype))
+        self._docs.append(np.asarray(ids, dtype=self.dtype))  # no copy when already that dtype
         self._pending += len(ids)
         if self._pending >= self.shard_tokens:
             self._flush()

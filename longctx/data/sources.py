@@ -132,7 +132,12 @@ def _read_jsonl(path: Path, sha256: str, start: int, end: int) -> Iterator[tuple
             if pos >= end:
                 return
             line_no, pos = line_no + 1, pos + len(raw)
-            line = decode_text(raw, f"{path}:{line_no}")
+            try:  # the fast path; decode_text says what is wrong, and where
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                decode_text(raw, f"{path}:{line_no}")
+            if "\0" in line:
+                decode_text(raw, f"{path}:{line_no}")
             if line.strip():
                 yield _jsonl_record(line, path, line_no, sha256)
 
