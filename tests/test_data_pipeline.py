@@ -172,6 +172,9 @@ def test_slurm_executor_with_no_slurm_reachable(tmp_path, monkeypatch):
         check_slurm_reachable("gpu")
     with pytest.raises(SystemExit):
         main([str(src), "--out", str(tmp_path / "o"), "--executor", "slurm"])  # no --partition
+    (bin_dir / "sinfo").unlink()
+    with pytest.raises(SystemExit, match="prepare: --executor slurm: no SLURM reachable here"):
+        main([str(src), "--out", str(tmp_path / "o"), "--executor", "slurm", "--partition", "x"])
 
 
 # ------------------------------------------------------------------ on the local SLURM

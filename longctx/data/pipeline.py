@@ -47,6 +47,10 @@ class PrepareTaskFailed(RuntimeError):
     """A prepare task failed or did not finish; the message names it and its log."""
 
 
+class SlurmUnreachable(RuntimeError):
+    """--executor slurm where no SLURM answers."""
+
+
 @dataclasses.dataclass
 class SlurmOptions:
     """Where and how `prepare --executor slurm` submits its job array."""
@@ -232,13 +236,13 @@ def run_slurm(pipeline: list, tasks: int, logging_dir: Path, options: SlurmOptio
 
 def check_slurm_reachable(partition: str) -> None:
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
-        raise RuntimeError(
+        raise SlurmUnreachable(
             "--executor slurm: no SLURM reachable here (sbatch/sinfo are not on PATH); expected "
             "a SLURM login node, or --executor local"
         )
     proc = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
-        raise RuntimeError(
+        raise SlurmUnreachable(
             f"--executor slurm: no SLURM reachable here (sinfo failed: "
             f"{proc.stderr.strip()[-300:]}); expected a running SLURM, or --executor local"
         )

@@ -34,6 +34,7 @@ from longctx.data.pipeline import (
     PrepareTaskFailed,
     ReadDocuments,
     SlurmOptions,
+    SlurmUnreachable,
     TaskResult,
     TokenizeDocuments,
     WriteShards,
@@ -267,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             shard_tokens=args.shard_tokens,
             overwrite=args.overwrite,
         )
-    except PrepareTaskFailed as err:
+    except (PrepareTaskFailed, SlurmUnreachable) as err:
         raise SystemExit(f"prepare: {err}") from None
     for name, split in manifest.splits.items():
         print(
