@@ -218,7 +218,8 @@ class MegatronIndex:
 def read_megatron_index(path: Path) -> MegatronIndex:
     """Parse an MMapIndexedDataset .idx: header, version 1, dtype code, counts, then sizes,
     pointers and document indices (and, in multimodal indexes, one mode byte per sequence)."""
-    data = path.read_bytes()
+    with open(path, "rb") as f:
+        data = f.read(34)
     if data[:9] != MEGATRON_HEADER:
         raise ValueError(
             f"{path}: starts with {data[:9]!r}; expected {MEGATRON_HEADER!r} (a Megatron "
@@ -235,15 +236,19 @@ def read_megatron_index(path: Path) -> MegatronIndex:
         raise ValueError(
             f"{path}: dtype code {code}; expected an integer code {sorted(MEGATRON_DTYPES)}"
         )
-    size = 34 + sequences * 12 + documents * 8
-    if len(data) not in (size, size + sequences):
+    size, actual = 34 + sequences * 12 + documents * 8, path.stat().st_size
+    if actual not in (size, size + sequences):
         raise ValueError(
-            f"{path}: {len(data)} bytes, but its header ({sequences} sequences, {documents} "
+            f"{path}: {actual} bytes, but its header ({sequences} sequences, {documents} "
             f"document indices) needs {size}; the index is truncated or corrupt"
         )
-    sizes = np.frombuffer(data, np.int32, sequences, 34)
-    pointers = np.frombuffer(data, np.int64, sequences, 34 + sequences * 4)
-    doc_idx = np.frombuffer(data, np.int64, documents, 34 + sequences * 12)
+
+    def array(dtype: str, n: int, at: int) -> np.ndarray:  # mapped: an index can be GBs
+        return np.memmap(path, dtype, "r", at, (n,)) if n else np.zeros(0, dtype)
+
+    sizes = array("<i4", sequences, 34)
+    pointers = array("<i8", sequences, 34 + sequences * 4)
+    doc_idx = array("<i8", documents, 34 + sequences * 12)
     return MegatronIndex(np.dtype(MEGATRON_DTYPES[code]), sizes, pointers, doc_idx)
 
 
