@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 train: setup
 	$(PY) train.py $(ARGS)
 
-# The slurm-marked tests need a local SLURM: `make test` starts one (scripts/slurm/local_cluster.sh,
+# The slurm-marked tests need a local SLURM of two nodes: `make test` starts one (scripts/slurm/local_cluster.sh,
 # root; Debian packages installed if missing) unless one is already up, and stops it afterwards.
 # If it cannot start, the slurm tests skip and say why.
 test: setup
@@ -25,7 +25,7 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$up = 0 ]; then bash scripts/slurm/local_cluster.sh stop; fi; exit $$rc
 
-# a single-host SLURM on this machine (idempotent), and its stop
+# a two-node SLURM on this one host (SLURM_LOCAL_NODES=N for another count; idempotent), and its stop
 slurm:
 	bash scripts/slurm/local_cluster.sh start
 

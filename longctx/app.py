@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +23,7 @@ from longctx.checkpoint import AtomicCheckpointIO, auto_resume_path, resolve_ckp
 from longctx.cpu_memory import retain_freed_memory
 from longctx.distributed.slurm import (
     PREEMPTED_MARKER,
+    check_allocation,
     check_master_address,
     checked_num_nodes,
     slurm_job_label,
@@ -94,6 +96,23 @@ def check_devices(trainer_cfg: DictConfig, device: torch.device) -> None:
         )
 
 
+def world_size(trainer_cfg: DictConfig) -> int | None:
+    """trainer.devices x trainer.num_nodes; None where devices is Lightning's to count."""
+    devices = trainer_cfg.get("devices", 1)
+    if not isinstance(devices, int) or isinstance(devices, bool):
+        return None
+    return devices * int(trainer_cfg.get("num_nodes", 1))
+
+
+def check_topology(trainer_cfg: DictConfig) -> None:
+    """Nodes and tasks match the SLURM allocation; the ranks can meet at MASTER_ADDR."""
+    try:
+        check_allocation(int(trainer_cfg.get("num_nodes", 1)), trainer_cfg.get("devices", 1))
+        check_master_address(world_size(trainer_cfg) or 1)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
 def check_backend(model_config: LlamaConfig, seq_len: int, device: torch.device) -> None:
     check_model_seq_len(model_config, seq_len)
     if seq_len > model_config.max_seq_len:
@@ -138,12 +157,12 @@ def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> None:
             raise ConfigError(f"trainer.{key}={value!r}; expected an int >= 1")
     if size == 1:
         return
-    devices = cfg.trainer.get("devices", 1)
-    world = devices * int(cfg.trainer.get("num_nodes", 1)) if isinstance(devices, int) else None
+    world = world_size(cfg.trainer)
     if world is not None and (size > world or world % size):
         raise ConfigError(
             f"trainer.context_parallel={size} must divide the world size {world} "
-            f"(trainer.devices x trainer.num_nodes): each row is split over that many ranks"
+            f"(trainer.devices={cfg.trainer.devices} x trainer.num_nodes="
+            f"{cfg.trainer.get('num_nodes', 1)}): each row is split over that many ranks"
         )
     chunks = 2 * size * rounds
     if seq_len % chunks:
@@ -210,10 +229,7 @@ def instantiate_config(group: str, node: DictConfig):
 def preflight(cfg: DictConfig, model_config: LlamaConfig, seq_len: int) -> torch.device:
     device = training_device(cfg.trainer)
     check_devices(cfg.trainer, device)
-    try:
-        check_master_address()
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
+    check_topology(cfg.trainer)
     check_backend(model_config, seq_len, device)
     check_context_parallel(cfg, model_config, seq_len)
     if not cfg.dry_run:
@@ -305,9 +321,10 @@ def run(cfg: DictConfig) -> dict:
 
 def finish_preemption(trainer: L.Trainer, output_dir: Path) -> None:
     """Report this rank; a run that finished without being signalled drops its PREEMPTED marker."""
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     print(
         f"longctx: rank {trainer.global_rank}/{trainer.world_size} stopped at step "
-        f"{trainer.global_step}",
+        f"{trainer.global_step} on node {node}",
         flush=True,
     )
     signalled = any(getattr(c, "saved_path", None) for c in trainer.callbacks)

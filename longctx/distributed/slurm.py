@@ -112,16 +112,84 @@ def checked_num_nodes(nodes, partition=None) -> int:
     return nodes
 
 
-def check_master_address() -> None:
-    """MASTER_ADDR (set by hand, or by a launcher) must at least resolve: an unresolvable
-    rendezvous host would otherwise hang every rank until the process-group timeout."""
-    address = os.environ.get("MASTER_ADDR")
-    if not address:
+def check_allocation(num_nodes: int, devices) -> None:
+    """Inside an srun step, trainer.num_nodes and trainer.devices must be the step's nodes and
+    tasks per node (one task per device): otherwise the ranks' count and numbering disagree
+    with the processes SLURM started, and they hang or collide in the rendezvous."""
+    if not under_slurm():
         return
+    nnodes = os.environ.get("SLURM_NNODES") or os.environ.get("SLURM_JOB_NUM_NODES")
+    nodelist = os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "?")
+    if nnodes is not None and int(nnodes) != int(num_nodes):
+        raise ValueError(
+            f"trainer.num_nodes={num_nodes}, but this SLURM job runs on {nnodes} node(s) "
+            f"({nodelist}); set trainer.num_nodes={nnodes} or allocate {num_nodes} node(s) "
+            "(sbatch --nodes, hydra.launcher.nodes)"
+        )
+    per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "")
+    if isinstance(devices, int) and per_node.isdigit() and int(per_node) != devices:
+        raise ValueError(
+            f"trainer.devices={devices}, but SLURM starts {per_node} task(s) per node "
+            f"(--ntasks-per-node) and each task is one device; set trainer.devices={per_node}"
+        )
+
+
+def rendezvous_address(world_size: int) -> tuple[str, str] | None:
+    """(host, where it comes from) that the ranks meet at: MASTER_ADDR, else for several ranks
+    under SLURM the first node of the allocation (what Lightning's SLURMEnvironment picks);
+    None where there is no rendezvous to check."""
+    address = os.environ.get("MASTER_ADDR")
+    if address:
+        return address, f"MASTER_ADDR={address}"
+    if world_size < 2 or not under_slurm():
+        return None
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    nodelist = os.environ.get("SLURM_NODELIST", "127.0.0.1")
+    first = SLURMEnvironment.resolve_root_node_address(nodelist)
+    return first, f"MASTER_ADDR={first} (the first node of SLURM_NODELIST={nodelist})"
+
+
+def is_first_rank() -> bool:
+    """This process becomes global rank 0 (the one that hosts the rendezvous)."""
+    if under_slurm():
+        return os.environ.get("SLURM_PROCID", "0") == "0"
+    return all(os.environ.get(v, "0") == "0" for v in ("RANK", "NODE_RANK", "LOCAL_RANK"))
+
+
+def check_master_address(world_size: int = 1) -> None:
+    """The rendezvous host must resolve (else every rank hangs until the process-group
+    timeout), and with several ranks global rank 0 must run on it: rank 0 listens there on
+    MASTER_PORT, the others connect to it, so an address of another machine is unreachable."""
+    found = rendezvous_address(world_size)
+    if found is None:
+        return
+    address, source = found
     try:
-        socket.getaddrinfo(address, None)
+        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as err:
         raise ValueError(
-            f"MASTER_ADDR={address}: the rendezvous host does not resolve ({err}); unset it "
+            f"{source}: the rendezvous host does not resolve ({err}); unset it "
             "under SLURM (Lightning takes the first node of the allocation) or fix the name"
         ) from err
+    if world_size > 1 and is_first_rank() and not any(map(_is_local, infos)):
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        ips = sorted({info[4][0] for info in infos})
+        raise ValueError(
+            f"{source} ({', '.join(ips)}) is not an address of node {node}, where global rank "
+            f"0 runs and must accept the other {world_size - 1} rank(s) on "
+            f"MASTER_PORT={os.environ.get('MASTER_PORT', '(Lightning default)')}: they could "
+            "never reach it. Unset MASTER_ADDR under SLURM (the first node of the allocation "
+            "is used) or set it to an address of that node"
+        )
+
+
+def _is_local(info: tuple) -> bool:
+    """An address this machine can listen on (getaddrinfo entry)."""
+    family, _, _, _, sockaddr = info
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((sockaddr[0], 0, *sockaddr[2:]))
+        except OSError:
+            return False
+    return True
