@@ -14,8 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longctx.data.prepare import is_validation, prepare
-from longctx.data.shards import MANIFEST_NAME, ShardSet, load_manifest
+from longctx.data.prepare import PrepareTaskFailed, prepare
+from longctx.data.shards import (
+    MANIFEST_NAME,
+    TEMP_PREFIX,
+    ManifestError,
+    ShardSet,
+    load_manifest,
+)
+from longctx.data.sources import is_validation
 from longctx.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 TEXTS = [f"document {i}: " + "lorem ipsum dolor " * (i % 7 + 1) + "é✓" for i in range(60)]
@@ -160,7 +167,7 @@ def test_rerun_is_noop_and_changed_inputs_refused(tmp_path):
 _SLOW_PREPARE = """
 import sys, time
 import numpy as np
-from longctx.data.prepare import prepare
+from longctx.data.prepare import PrepareTaskFailed, prepare
 from longctx.data.tokenizer import ByteTokenizer
 
 class SlowByte(ByteTokenizer):
@@ -187,7 +194,7 @@ def test_interrupted_prepare_then_rerun_equals_uninterrupted(tmp_path):
     )
     try:
         deadline = time.time() + 60
-        while len(list(out.glob("train-0000[3-9].tokens.npy"))) == 0:
+        while len(list(out.glob("train-00000-0000[3-9].tokens.npy"))) == 0:
             assert proc.poll() is None and time.time() < deadline, "prepare ended too soon"
             time.sleep(0.02)
     finally:
@@ -196,7 +203,7 @@ def test_interrupted_prepare_then_rerun_equals_uninterrupted(tmp_path):
     assert not (out / MANIFEST_NAME).exists()  # no commit point: readers refuse the folder
     with pytest.raises(FileNotFoundError, match="manifest"):
         ShardSet(out)
-    prepare([src], out, "byte", workers=2, val_fraction=0.1, shard_tokens=300, progress=False)
+    prepare([src], out, "byte", workers=1, val_fraction=0.1, shard_tokens=300, progress=False)
     clean = tmp_path / "clean"
     prepare([src], clean, "byte", workers=1, val_fraction=0.1, shard_tokens=300, progress=False)
     listed = load_manifest(clean)
@@ -205,7 +212,7 @@ def test_interrupted_prepare_then_rerun_equals_uninterrupted(tmp_path):
         for shard in split.shards:
             for name in (shard.tokens_file, shard.index_file):
                 assert (out / name).read_bytes() == (clean / name).read_bytes()
-    assert not list(out.glob(".tmp-*"))
+    assert not list(out.glob(f"{TEMP_PREFIX}*"))
 
 
 def test_bad_inputs_fail_clearly(tmp_path):
@@ -216,7 +223,7 @@ def test_bad_inputs_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="no non-empty documents"):
         prepare([empty], tmp_path / "out", progress=False)
     (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1 has no string 'text'"):
+    with pytest.raises(PrepareTaskFailed, match="bad.jsonl:1 has no string 'text'"):
         prepare([tmp_path / "bad.jsonl"], tmp_path / "out2", workers=1, progress=False)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_tokenizer(str(tmp_path / "no-such-tokenizer"))
@@ -239,3 +246,88 @@ def test_reader_rejects_missing_resized_and_out_of_vocab_shards(tmp_path):
     tokens_file.unlink()
     with pytest.raises(FileNotFoundError, match="is missing"):
         ShardSet(out)
+
+
+# --------------------------------------------------------------------------- the user's files
+def test_prepare_keeps_the_users_temp_files_and_refuses_a_foreign_folder(tmp_path):
+    src = write_jsonl(tmp_path / "d.jsonl", TEXTS[:5])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"out is a non-empty folder that holds no prepared"):
+        prepare([src], out, workers=1, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # nothing written among them
+    (out / "notes.txt").unlink()
+    prepare([src], out, workers=1, val_fraction=0.0, progress=False)
+    user_tmp = out / ".tmp-draft.txt"  # the user's own file, with the old temp-name pattern
+    user_tmp.write_text("draft")
+    src.write_text(src.read_text() + json.dumps({"text": "one more"}) + "\n")
+    prepare([src], out, workers=1, val_fraction=0.0, overwrite=True, progress=False)
+    assert user_tmp.read_text() == "draft"
+    assert load_manifest(out).splits["train"].documents == 6
+
+
+# --------------------------------------------------------------------------- named errors
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        (
+            "latin1.txt",
+            "café".encode("latin-1"),
+            r"latin1.txt is not UTF-8 text \(invalid byte 0xe9",
+        ),
+        ("blob.txt", b"\x00\x01\x02binary", r"blob.txt holds NUL bytes \(offset 0\): a binary"),
+        ("bad.jsonl", b'{"text": "a"}\n\n{"text": "b"\n', r"bad.jsonl:3 is not valid JSON"),
+        ("enc.jsonl", b'{"text": "a"}\n{"text": "\xff"}\n', r"enc.jsonl:2 is not UTF-8 text"),
+    ],
+)
+def test_unreadable_input_names_file_and_line(tmp_path, name, data, message):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(PrepareTaskFailed, match=message):
+        prepare([tmp_path / name], tmp_path / "out", workers=1, progress=False)
+
+
+def test_jsonl_line_numbers_count_carriage_returns_as_text(tmp_path):
+    """A lone \\r inside a line is not a line break for editors (nor here): line 2 is line 2."""
+    (tmp_path / "cr.jsonl").write_bytes(b'{"text": "a"}\r\n{"text": "b"} \r {oops\n')
+    with pytest.raises(PrepareTaskFailed, match=r"cr.jsonl:2 is not valid JSON"):
+        prepare([tmp_path / "cr.jsonl"], tmp_path / "out", workers=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda text: text[: len(text) // 2], r"manifest.json is not valid JSON"),
+        (lambda text: text.replace('"vocab_size"', '"vocab"'), r"key 'vocab_size' is missing"),
+        (
+            lambda text: text.replace('"tokens_bytes"', '"bytes"', 1),
+            r"key 'splits\.train\.shards\[0\]\.tokens_bytes' is missing",
+        ),
+        (lambda text: text.replace('"eos_id": 258', '"eos_id": "258"'), r"key eos_id = '258'"),
+    ],
+)
+def test_damaged_manifest_names_path_and_key(tmp_path, edit, message):
+    src = write_jsonl(tmp_path / "d.jsonl", TEXTS[:5])
+    out = tmp_path / "out"
+    prepare([src], out, workers=1, val_fraction=0.0, progress=False)
+    path = out / MANIFEST_NAME
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(ManifestError, match=message) as err:
+        ShardSet(out)
+    assert str(path) in str(err.value)
+
+
+def test_damaged_manifest_is_not_reported_as_a_model_vocab_error(tmp_path):
+    from helpers import FAST, run_train
+
+    src = write_jsonl(tmp_path / "d.jsonl", TEXTS)
+    out = tmp_path / "corpus"
+    prepare([src], out, workers=1, val_fraction=0.1, progress=False)
+    path = out / MANIFEST_NAME
+    path.write_text(path.read_text().replace('"vocab_size"', '"vocab"'))
+    proc = run_train(
+        [*FAST, "data=shards", f"data.shards=[{out}]", "trainer.max_steps=1"], tmp_path, check=False
+    )
+    assert proc.returncode != 0
+    assert f"{path}: key 'vocab_size' is missing" in proc.stderr, proc.stderr[-3000:]
+    assert "model.vocab_size" not in proc.stderr

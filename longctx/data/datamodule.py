@@ -396,7 +396,8 @@ class LongCtxDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ corpus
     def prepare_data(self) -> None:
-        self._resolve_folders()
+        for folder in self._resolve_folders():  # a bad manifest fails here, named as itself
+            load_manifest(folder)
 
     def setup(self, stage: str | None = None) -> None:
         self._open()

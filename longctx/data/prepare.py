@@ -1,49 +1,67 @@
 """Tokenise text files into memory-mapped token shards plus a manifest.
 
-    python -m longctx.data.prepare INPUT... --tokenizer byte|/path/to/tokenizer --out DIR
+    python -m longctx.data.prepare INPUT... --tokenizer byte|/path/to/tokenizer --out DIR \\
+        [--executor local --tasks N | --executor slurm --tasks N --partition P [--time T]]
 
 Inputs: plain-text files (one document per file; globs allowed), JSONL (a ``text`` field,
-optional ``id``) and Parquet (a ``text`` column, optional ``id``). Documents are tokenised in
-worker processes; ``imap`` keeps the output order deterministic. Every document gets EOS.
+optional ``id``) and Parquet (a ``text`` column, optional ``id``). Every document gets EOS.
 A document goes to the validation split when the hash of its source id (its ``id`` field, or
 the source file's sha256 plus its position in that file) falls below ``val_fraction``.
 
+The work is a datatrove pipeline (pipeline.py) of N tasks, each a contiguous slice of the
+inputs, run by datatrove's local executor (a process pool) or as a SLURM job array. Each task
+writes its own shards; the manifest, written last, lists every task's shards in task order:
+the documents in input order, the same for any N.
+
 Re-running with the same inputs, tokenizer and options is a no-op (the manifest's input hash
-matches and its shards are intact). Shards are written under temp names and renamed; the
-manifest is written last, so an interrupted run leaves no manifest and the next run redoes it.
+matches and its shards are intact). A run that was interrupted, or in which a task failed,
+left no manifest; rerunning it redoes only the tasks that did not finish.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import hashlib
 import json
-import multiprocessing as mp
 import os
-from collections.abc import Iterator, Sequence
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
+from longctx.data.pipeline import (
+    PrepareTaskFailed,
+    ReadDocuments,
+    SlurmOptions,
+    SlurmUnreachable,
+    TaskResult,
+    TokenizeDocuments,
+    WriteShards,
+    check_slurm_reachable,
+    result_path,
+    run_local,
+    run_slurm,
+)
 from longctx.data.shards import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    PREPARED_MARKER,
     Manifest,
-    ShardInfo,
     SplitInfo,
-    atomic_save_npy,
+    atomic_write_bytes,
     load_manifest,
-    remove_temp_files,
     shard_files_intact,
     write_manifest,
 )
+from longctx.data.sources import Source, describe_source, expand_inputs
 from longctx.data.tokenizer import Tokenizer, load_tokenizer
 
+__all__ = ["PrepareTaskFailed", "SlurmOptions", "prepare"]
+
 DEFAULT_SHARD_TOKENS = 1 << 26  # 128 MiB of uint16 per shard
-_CHUNK_BYTES = 1 << 20  # text per worker task: large enough to amortise IPC
-_HASH_BLOCK = 1 << 20
+WORK_DIR = ".longctx-work"
+EXECUTORS = ("local", "slurm")
 
 
 def prepare(
@@ -51,57 +69,102 @@ def prepare(
     out_dir: str | Path,
     tokenizer: str | Path | Tokenizer = "byte",
     *,
+    tasks: int | None = None,
     workers: int | None = None,
+    executor: str = "local",
+    slurm: SlurmOptions | None = None,
     val_fraction: float = 0.01,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     overwrite: bool = False,
     progress: bool = True,
 ) -> Manifest:
-    """Prepare ``inputs`` into ``out_dir``; returns the (new or already present) manifest."""
-    _check_options(val_fraction, shard_tokens, workers)
+    """Prepare ``inputs`` into ``out_dir``; returns the (new or already present) manifest.
+
+    ``tasks``: slices of the inputs (default: ``workers``, else the CPU count); ``workers``:
+    local processes at once (default: min(tasks, CPUs)); ``executor="slurm"`` needs
+    ``slurm=SlurmOptions(partition=...)``. ``progress=False`` keeps the task logs off the
+    console (they are still written under ``out_dir/.longctx-work``).
+    """
+    tasks, workers = _check_options(val_fraction, shard_tokens, tasks, workers, executor, slurm)
+    if executor == "slurm":
+        check_slurm_reachable(slurm.partition)  # before anything is read or written
     out = Path(out_dir)
-    files = expand_inputs(inputs)
     tok = load_tokenizer(tokenizer)
-    sources = [_describe_source(path) for path in files]
+    sources = [describe_source(path) for path in expand_inputs(inputs)]
     input_hash = _input_hash(sources, tok.spec, val_fraction, shard_tokens)
-    existing = _existing_manifest(out, input_hash, overwrite)
+    existing = existing_manifest(out, input_hash, overwrite)
     if existing is not None:
         return existing
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_folder(out)
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # the old commit point goes first
-    remove_temp_files(out)
-    dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
-    writers = {s: _SplitWriter(out, s, dtype, shard_tokens) for s in ("train", "val")}
-    skipped = _tokenize_all(files, sources, tok, val_fraction, writers, workers, progress)
-    splits = {name: w.close() for name, w in writers.items()}
-    if splits["train"].documents + splits["val"].documents == 0:
-        raise ValueError(f"inputs {[str(f) for f in files]} hold no non-empty documents")
+    work = _work_dir(out, input_hash, tasks)
+    dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32).name
+    pipeline = [
+        ReadDocuments(sources),
+        TokenizeDocuments(tok, val_fraction, dtype),
+        WriteShards(out, work / "results", dtype, shard_tokens),
+    ]
+    if executor == "slurm":
+        run_slurm(pipeline, tasks, work / "datatrove", slurm)
+    else:
+        run_local(pipeline, tasks, workers, work / "datatrove", quiet=not progress)
+    results = [TaskResult.load(result_path(work / "results", k)) for k in range(tasks)]
     manifest = Manifest(
         input_hash=input_hash,
         tokenizer=tok.spec,
         vocab_size=int(tok.vocab_size),
         eos_id=int(tok.eos_id),
         pad_id=int(tok.pad_id),
-        dtype=np.dtype(dtype).name,
+        dtype=dtype,
         val_fraction=val_fraction,
-        sources=sources,
-        splits=splits,
-        skipped_empty_documents=skipped,
+        sources=[s.to_dict() for s in sources],
+        splits={split: _concat([r.splits[split] for r in results]) for split in ("train", "val")},
+        skipped_empty_documents=sum(r.skipped_empty_documents for r in results),
     )
+    if manifest.splits["train"].documents + manifest.splits["val"].documents == 0:
+        raise ValueError(f"inputs {[s.path for s in sources]} hold no non-empty documents")
+    if not shard_files_intact(out, manifest):
+        raise RuntimeError(
+            f"{out}: a shard the tasks listed is missing or resized (was the folder edited "
+            f"while prepare ran?); delete {work} and prepare again"
+        )
     write_manifest(out, manifest)
+    _remove_unlisted_shards(out, manifest)
     return manifest
 
 
-def _check_options(val_fraction: float, shard_tokens: int, workers: int | None) -> None:
+def _remove_unlisted_shards(out: Path, manifest: Manifest) -> None:
+    """Shards of earlier attempts with another task count (the folder is ours: marked)."""
+    listed = {
+        n
+        for s in manifest.splits.values()
+        for sh in s.shards
+        for n in (sh.tokens_file, sh.index_file)
+    }
+    for pattern in ("train-*.npy", "val-*.npy"):
+        for path in out.glob(pattern):
+            if path.name not in listed:
+                path.unlink()
+
+
+def _check_options(val_fraction, shard_tokens, tasks, workers, executor, slurm):
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction}; expected 0 <= val_fraction < 1")
     if shard_tokens < 1:
         raise ValueError(f"shard_tokens={shard_tokens}; expected >= 1")
-    if workers is not None and workers < 1:
-        raise ValueError(f"workers={workers}; expected >= 1 (or None for all CPUs)")
+    for name, value in (("tasks", tasks), ("workers", workers)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value}; expected >= 1 (or None for the CPU count)")
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor={executor!r}; expected one of {EXECUTORS}")
+    if executor == "slurm" and slurm is None:
+        raise ValueError("executor='slurm' needs slurm=SlurmOptions(partition=...)")
+    cpus = os.cpu_count() or 1
+    tasks = tasks or workers or cpus
+    return tasks, min(workers or cpus, tasks)
 
 
-def _existing_manifest(out: Path, input_hash: str, overwrite: bool) -> Manifest | None:
+def existing_manifest(out: Path, input_hash: str, overwrite: bool) -> Manifest | None:
     """The manifest already in ``out`` when it is this exact preparation and intact."""
     if not (out / MANIFEST_NAME).is_file():
         return None
@@ -117,44 +180,36 @@ def _existing_manifest(out: Path, input_hash: str, overwrite: bool) -> Manifest 
     return None
 
 
-# --------------------------------------------------------------------------- inputs
-def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
-    """Files named by paths or globs, sorted and deduplicated; a pattern matching nothing errs."""
-    if isinstance(inputs, str | Path):
-        inputs = [inputs]
-    files: set[Path] = set()
-    for item in inputs:
-        matches = sorted(glob.glob(str(item), recursive=True))
-        matches = [m for m in matches if Path(m).is_file()]
-        if not matches:
-            raise FileNotFoundError(f"input {str(item)!r} matches no file")
-        files.update(Path(m).resolve() for m in matches)
-    if not files:
-        raise ValueError("no inputs given; expected text, .jsonl or .parquet files")
-    return sorted(files)
+def claim_output_folder(out: Path) -> None:
+    """Create ``out`` and mark it ours; refuse a non-empty folder that prepare did not make.
+
+    The marker is written before any shard, so an interrupted run's folder is still ours.
+    """
+    marked = (out / PREPARED_MARKER).is_file() or (out / MANIFEST_NAME).is_file()
+    if out.is_dir() and not marked and any(out.iterdir()):
+        raise FileExistsError(
+            f"--out {out} is a non-empty folder that holds no prepared corpus (no "
+            f"{MANIFEST_NAME} or {PREPARED_MARKER}); expected a new or empty folder, so "
+            "prepare never writes among (or deletes) files that are not its own"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / PREPARED_MARKER).is_file():
+        atomic_write_bytes(out / PREPARED_MARKER, b"written by python -m longctx.data.prepare\n")
 
 
-def _format_of(path: Path) -> str:
-    suffix = path.suffix.lower()
-    return {".jsonl": "jsonl", ".parquet": "parquet"}.get(suffix, "text")
+def _work_dir(out: Path, input_hash: str, tasks: int) -> Path:
+    """This preparation's task results and logs; other preparations' (ours too) are dropped."""
+    work = out / WORK_DIR / f"{input_hash[:16]}-{tasks}tasks"
+    if (out / WORK_DIR).is_dir():
+        for old in (out / WORK_DIR).iterdir():
+            if old != work:
+                shutil.rmtree(old)
+    return work
 
 
-def _describe_source(path: Path) -> dict:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            digest.update(block)
-    return {
-        "path": str(path),
-        "sha256": digest.hexdigest(),
-        "bytes": path.stat().st_size,
-        "format": _format_of(path),
-    }
-
-
-def _input_hash(sources: list[dict], spec: dict, val_fraction: float, shard_tokens: int) -> str:
+def _input_hash(sources: list[Source], spec: dict, val_fraction: float, shard_tokens: int) -> str:
     key = {
-        "sources": [(s["sha256"], s["format"]) for s in sources],
+        "sources": [(s.sha256, s.format) for s in sources],
         "tokenizer": spec,
         "val_fraction": val_fraction,
         "shard_tokens": shard_tokens,
@@ -163,167 +218,12 @@ def _input_hash(sources: list[dict], spec: dict, val_fraction: float, shard_toke
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def read_documents(path: Path, sha256: str) -> Iterator[tuple[str, str]]:
-    """(source id, text) of every document in one input file, in file order."""
-    kind = _format_of(path)
-    if kind == "text":
-        yield sha256, path.read_text(encoding="utf-8")
-    elif kind == "jsonl":
-        yield from _read_jsonl(path, sha256)
-    else:
-        yield from _read_parquet(path, sha256)
-
-
-def _read_jsonl(path: Path, sha256: str) -> Iterator[tuple[str, str]]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ValueError(
-                    f"{path}:{line_no} has no string 'text' field; expected "
-                    '{"text": "...", "id": optional}'
-                )
-            yield str(record.get("id", f"{sha256[:16]}:{line_no}")), record["text"]
-
-
-def _read_parquet(path: Path, sha256: str) -> Iterator[tuple[str, str]]:
-    import pyarrow.parquet as pq
-
-    parquet = pq.ParquetFile(path)
-    names = parquet.schema_arrow.names
-    if "text" not in names:
-        raise ValueError(f"{path} has columns {names}; expected a 'text' column")
-    columns = ["text"] + (["id"] if "id" in names else [])
-    row = 0
-    for batch in parquet.iter_batches(columns=columns, batch_size=4096):
-        texts = batch.column("text").to_pylist()
-        ids = batch.column("id").to_pylist() if "id" in columns else [None] * len(texts)
-        for text, doc_id in zip(texts, ids, strict=True):
-            if text is None:
-                raise ValueError(f"{path} row {row} has a null 'text'")
-            yield (str(doc_id) if doc_id is not None else f"{sha256[:16]}:{row}"), text
-            row += 1
-
-
-def is_validation(source_id: str, val_fraction: float) -> bool:
-    """Deterministic split: the first 8 bytes of sha256(source id) as a fraction of 2**64."""
-    if val_fraction <= 0.0:
-        return False
-    digest = hashlib.sha256(source_id.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") < val_fraction * 2.0**64
-
-
-# --------------------------------------------------------------------------- tokenise
-_WORKER_TOKENIZER: Tokenizer | None = None
-
-
-def _init_worker(tokenizer: Tokenizer) -> None:
-    global _WORKER_TOKENIZER
-    _WORKER_TOKENIZER = tokenizer
-
-
-def _tokenize_chunk(task: tuple[list[tuple[str, str]], float]) -> tuple[list, int, int]:
-    """Worker: tokenise a chunk; returns [(is_val, tokens with EOS)], skipped, text bytes."""
-    documents, val_fraction = task
-    tok = _WORKER_TOKENIZER
-    out, skipped, nbytes = [], 0, 0
-    for source_id, text in documents:
-        nbytes += len(text.encode("utf-8"))
-        ids = np.asarray(tok.encode(text), dtype=np.int64)
-        if len(ids) == 0:
-            skipped += 1
-            continue
-        if ids.min() < 0 or ids.max() >= tok.vocab_size:
-            raise ValueError(
-                f"document {source_id!r}: tokenizer returned id "
-                f"{int(ids.max())} outside [0, {tok.vocab_size})"
-            )
-        out.append((is_validation(source_id, val_fraction), np.append(ids, tok.eos_id)))
-    return out, skipped, nbytes
-
-
-def _chunks(files: list[Path], sources: list[dict], val_fraction: float) -> Iterator[tuple]:
-    chunk, size = [], 0
-    for path, source in zip(files, sources, strict=True):
-        for source_id, text in read_documents(path, source["sha256"]):
-            chunk.append((source_id, text))
-            size += len(text)
-            if size >= _CHUNK_BYTES:
-                yield chunk, val_fraction
-                chunk, size = [], 0
-    if chunk:
-        yield chunk, val_fraction
-
-
-def _tokenize_all(files, sources, tok, val_fraction, writers, workers, progress) -> int:
-    workers = workers or os.cpu_count() or 1
-    tasks = _chunks(files, sources, val_fraction)
-    total = sum(s["bytes"] for s in sources)
-    skipped = 0
-    with tqdm(total=total, unit="B", unit_scale=True, desc="tokenise", disable=not progress) as bar:
-        for documents, chunk_skipped, nbytes in _map_ordered(tok, tasks, workers):
-            for is_val, ids in documents:
-                writers["val" if is_val else "train"].add(ids)
-            skipped += chunk_skipped
-            bar.update(nbytes)
-    return skipped
-
-
-def _map_ordered(tok: Tokenizer, tasks: Iterator, workers: int) -> Iterator:
-    if workers == 1:
-        _init_worker(tok)
-        yield from map(_tokenize_chunk, tasks)
-        return
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tok,)) as pool:
-        yield from pool.imap(_tokenize_chunk, tasks, chunksize=1)
-
-
-# --------------------------------------------------------------------------- write
-class _SplitWriter:
-    """Accumulates documents and writes a shard (tokens + offsets) every ``shard_tokens``."""
-
-    def __init__(self, folder: Path, split: str, dtype, shard_tokens: int) -> None:
-        self.folder, self.split, self.dtype = folder, split, dtype
-        self.shard_tokens = shard_tokens
-        self.info = SplitInfo()
-        self._docs: list[np.ndarray] = []
-        self._pending = 0
-
-    def add(self, ids: np.ndarray) -> None:
-        self._docs.append(ids.astype(self.dtype))
-        self._pending += len(ids)
-        if self._pending >= self.shard_tokens:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._docs:
-            return
-        stem = f"{self.split}-{len(self.info.shards):05d}"
-        tokens = np.concatenate(self._docs)
-        offsets = np.zeros(len(self._docs) + 1, dtype=np.int64)
-        np.cumsum([len(d) for d in self._docs], out=offsets[1:])
-        atomic_save_npy(self.folder / f"{stem}.tokens.npy", tokens)
-        atomic_save_npy(self.folder / f"{stem}.index.npy", offsets)
-        self.info.shards.append(
-            ShardInfo(
-                tokens_file=f"{stem}.tokens.npy",
-                index_file=f"{stem}.index.npy",
-                documents=len(self._docs),
-                tokens=len(tokens),
-                tokens_bytes=(self.folder / f"{stem}.tokens.npy").stat().st_size,
-                index_bytes=(self.folder / f"{stem}.index.npy").stat().st_size,
-            )
-        )
-        self.info.documents += len(self._docs)
-        self.info.tokens += len(tokens)
-        self._docs, self._pending = [], 0
-
-    def close(self) -> SplitInfo:
-        self._flush()
-        return self.info
+def _concat(splits: list[SplitInfo]) -> SplitInfo:
+    return SplitInfo(
+        documents=sum(s.documents for s in splits),
+        tokens=sum(s.tokens for s in splits),
+        shards=[shard for s in splits for shard in s.shards],
+    )
 
 
 # --------------------------------------------------------------------------- CLI
@@ -336,20 +236,40 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("inputs", nargs="+", help="text/.jsonl/.parquet files or globs")
     parser.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+    parser.add_argument("--executor", choices=EXECUTORS, default="local")
+    parser.add_argument("--tasks", type=int, default=None, help="slices (default: CPUs)")
+    parser.add_argument("--workers", type=int, default=None, help="local processes at once")
+    parser.add_argument("--partition", help="SLURM partition (--executor slurm)")
+    parser.add_argument("--time", default=SlurmOptions.time, help="SLURM time limit per task")
+    parser.add_argument("--cpus-per-task", type=int, default=SlurmOptions.cpus_per_task)
+    parser.add_argument("--mem-per-cpu-gb", type=int, default=SlurmOptions.mem_per_cpu_gb)
+    parser.add_argument("--qos", default=None, help="SLURM QOS (default: the cluster's)")
     parser.add_argument("--val-fraction", type=float, default=0.01)
     parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
-    manifest = prepare(
-        args.inputs,
-        args.out,
-        args.tokenizer,
-        workers=args.workers,
-        val_fraction=args.val_fraction,
-        shard_tokens=args.shard_tokens,
-        overwrite=args.overwrite,
-    )
+    if args.executor == "slurm" and not args.partition:
+        parser.error("--executor slurm needs --partition")
+    slurm = None
+    if args.executor == "slurm":
+        slurm = SlurmOptions(
+            args.partition, args.time, args.cpus_per_task, args.mem_per_cpu_gb, args.qos
+        )
+    try:
+        manifest = prepare(
+            args.inputs,
+            args.out,
+            args.tokenizer,
+            tasks=args.tasks,
+            workers=args.workers,
+            executor=args.executor,
+            slurm=slurm,
+            val_fraction=args.val_fraction,
+            shard_tokens=args.shard_tokens,
+            overwrite=args.overwrite,
+        )
+    except (PrepareTaskFailed, SlurmUnreachable) as err:
+        raise SystemExit(f"prepare: {err}") from None
     for name, split in manifest.splits.items():
         print(
             f"{name}: {split.documents} documents, {split.tokens} tokens, "

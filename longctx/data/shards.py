@@ -3,9 +3,12 @@
 Layout of a prepared folder::
 
     manifest.json                 written last, atomically: the commit point
-    train-00000.tokens.npy        uint16/uint32 tokens of consecutive documents (each ends in EOS)
-    train-00000.index.npy         int64 offsets [documents + 1] into the tokens file
-    val-00000.tokens.npy ...      the held-out split, same format
+    train-00000-00000.tokens.npy  uint16/uint32 tokens of consecutive documents (each ends in
+                                  EOS); named train-<task>-<n>: each prepare task writes its own
+    train-00000-00000.index.npy   int64 offsets [documents + 1] into the tokens file
+    val-00000-00000.tokens.npy    the held-out split, same format
+    .longctx-prepare              marks the folder as prepare's (written before any shard)
+    .longctx-work/                the tasks' results and logs (datatrove's logging folder)
 
 A reader trusts only shards listed in a complete manifest whose files have the listed sizes.
 """
@@ -23,6 +26,15 @@ import numpy as np
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "val")
+# temp files of an atomic write: a prefix no user file is expected to have, so cleaning up
+# after an interrupted write never touches files that are not ours
+TEMP_PREFIX = ".longctx-tmp-"
+# written first into a prepare output folder: the folder is ours even before its manifest exists
+PREPARED_MARKER = ".longctx-prepare"
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read: its path and the offending key are in the message."""
 
 
 @dataclasses.dataclass
@@ -60,17 +72,60 @@ class Manifest:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> Manifest:
+    def from_dict(cls, data: dict, where: str = "manifest") -> Manifest:
+        """Build from parsed JSON; a missing, unknown or mistyped key raises ManifestError
+        naming ``where`` and the key's path (``splits.train.shards[3].tokens``)."""
+        _check_keys(data, cls, where, "")
+        splits = _field(data, "splits", dict, where, "")
         data = dict(data)
         data["splits"] = {
-            name: SplitInfo(
-                documents=s["documents"],
-                tokens=s["tokens"],
-                shards=[ShardInfo(**shard) for shard in s["shards"]],
-            )
-            for name, s in data["splits"].items()
+            name: split_info_from_dict(s, where, f"splits.{name}.") for name, s in splits.items()
         }
         return cls(**data)
+
+
+_FIELD_TYPES = {"int": int, "str": str, "dict": dict, "float": (int, float), "list[dict]": list}
+
+
+def _check_keys(data, cls, where: str, prefix: str) -> None:
+    if not isinstance(data, dict):
+        raise ManifestError(
+            f"{where}: {prefix or 'top level'} is {type(data).__name__}; expected an object"
+        )
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    for name in required:
+        if name not in data:
+            raise ManifestError(
+                f"{where}: key '{prefix}{name}' is missing; the manifest is truncated or edited, prepare the corpus again"
+            )
+    for name, value in data.items():
+        if name not in fields:
+            raise ManifestError(f"{where}: unknown key '{prefix}{name}'; expected {sorted(fields)}")
+        wanted = _FIELD_TYPES.get(str(fields[name].type))
+        if wanted is not None and (not isinstance(value, wanted) or isinstance(value, bool)):
+            raise ManifestError(
+                f"{where}: key {prefix}{name} = {value!r}; expected {fields[name].type}"
+            )
+
+
+def _field(data: dict, name: str, kind: type, where: str, prefix: str):
+    value = data[name]
+    if not isinstance(value, kind):
+        raise ManifestError(f"{where}: key {prefix}{name} = {value!r}; expected {kind.__name__}")
+    return value
+
+
+def split_info_from_dict(data, where: str, prefix: str) -> SplitInfo:
+    _check_keys(data, SplitInfo, where, prefix)
+    shards = _field(data, "shards", list, where, prefix)
+    for i, shard in enumerate(shards):
+        _check_keys(shard, ShardInfo, where, f"{prefix}shards[{i}].")
+    return SplitInfo(data["documents"], data["tokens"], [ShardInfo(**s) for s in shards])
 
 
 # --------------------------------------------------------------------------- atomic files
@@ -90,7 +145,9 @@ class _atomic_file:
         self.path = Path(path)
 
     def __enter__(self):
-        fd, self.tmp = tempfile.mkstemp(prefix=f".tmp-{self.path.name}.", dir=self.path.parent)
+        fd, self.tmp = tempfile.mkstemp(
+            prefix=f"{TEMP_PREFIX}{self.path.name}.", dir=self.path.parent
+        )
         os.chmod(self.tmp, 0o644)  # mkstemp makes 0600; a shared cache must be readable
         self.f = os.fdopen(fd, "wb")
         return self.f
@@ -117,9 +174,10 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def remove_temp_files(folder: Path) -> None:
-    """Drop leftovers of an interrupted write (never listed in any manifest)."""
-    for path in Path(folder).glob(".tmp-*"):
+def remove_temp_files(folder: Path, stem: str = "") -> None:
+    """Drop leftovers of an interrupted write (never listed in any manifest): only ours, and
+    with ``stem`` only those of files named ``stem*`` (one task's, while others write)."""
+    for path in Path(folder).glob(f"{TEMP_PREFIX}{stem}*"):
         path.unlink(missing_ok=True)
 
 
@@ -136,7 +194,14 @@ def load_manifest(folder: str | Path) -> Manifest:
             f"{path} does not exist; expected a folder prepared by "
             "`python -m longctx.data.prepare` (an interrupted prepare leaves no manifest)"
         )
-    manifest = Manifest.from_dict(json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ManifestError(
+            f"{path} is not valid JSON ({err}); the manifest is truncated or edited, "
+            "prepare the corpus again"
+        ) from err
+    manifest = Manifest.from_dict(data, where=str(path))
     if manifest.format_version != FORMAT_VERSION:
         raise ValueError(
             f"{path} has format_version {manifest.format_version}, expected {FORMAT_VERSION}; "
@@ -157,6 +222,54 @@ def shard_files_intact(folder: Path, manifest: Manifest) -> bool:
                 if not path.is_file() or path.stat().st_size != size:
                     return False
     return True
+
+
+# --------------------------------------------------------------------------- writer
+class SplitWriter:
+    """Accumulates documents and writes a shard (tokens + offsets) every ``shard_tokens``.
+
+    Shards are named ``{stem}-{n:05d}``: each prepare task writes under its own stem.
+    """
+
+    def __init__(self, folder: Path, stem: str, dtype, shard_tokens: int) -> None:
+        self.folder, self.stem, self.dtype = Path(folder), stem, dtype
+        self.shard_tokens = shard_tokens
+        self.info = SplitInfo()
+        self._docs: list[np.ndarray] = []
+        self._pending = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        self._docs.append(np.asarray(ids, dtype=self.dtype))  # no copy when already that dtype
+        self._pending += len(ids)
+        if self._pending >= self.shard_tokens:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._docs:
+            return
+        name = f"{self.stem}-{len(self.info.shards):05d}"
+        tokens = np.concatenate(self._docs)
+        offsets = np.zeros(len(self._docs) + 1, dtype=np.int64)
+        np.cumsum([len(d) for d in self._docs], out=offsets[1:])
+        atomic_save_npy(self.folder / f"{name}.tokens.npy", tokens)
+        atomic_save_npy(self.folder / f"{name}.index.npy", offsets)
+        self.info.shards.append(
+            ShardInfo(
+                tokens_file=f"{name}.tokens.npy",
+                index_file=f"{name}.index.npy",
+                documents=len(self._docs),
+                tokens=len(tokens),
+                tokens_bytes=(self.folder / f"{name}.tokens.npy").stat().st_size,
+                index_bytes=(self.folder / f"{name}.index.npy").stat().st_size,
+            )
+        )
+        self.info.documents += len(self._docs)
+        self.info.tokens += len(tokens)
+        self._docs, self._pending = [], 0
+
+    def close(self) -> SplitInfo:
+        self._flush()
+        return self.info
 
 
 # --------------------------------------------------------------------------- reader
