@@ -21,7 +21,6 @@ import lightning as L
 CHECKPOINT_KEY = "longctx_run"
 # the data settings that define an arm (the data stream's own resume checks cover the rest)
 ARM_DATA_KEYS = ("shards", "weights", "seq_len", "packer", "reset_position_ids", "document_mask")
-# model settings that change how the model runs, not the function it computes
 # how the model runs or where its first weights came from, not which function it computes
 RUNTIME_MODEL_KEYS = ("attn_backend", "activation_checkpointing", "loss_chunk_size", "init_from")
 
