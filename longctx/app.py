@@ -280,6 +280,7 @@ def run(cfg: DictConfig) -> dict:
         eos_id=datamodule.eos_id,
         context_parallel=context_parallel,
         context_parallel_rounds=context_parallel_rounds,
+        allow_global_batch_change=cfg.optim.allow_global_batch_change,
     )
     trainer: L.Trainer = instantiate(
         cfg.trainer,
