@@ -186,7 +186,7 @@ class LongCtxModule(L.LightningModule):
         global_batch = self._global_batch()
         checkpoint["longctx"] = {
             "tokens_seen": self.tokens_seen,
-            "global_batch": global_batch and dataclasses.asdict(global_batch),
+            "global_batch": None if global_batch is None else dataclasses.asdict(global_batch),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
