@@ -635,9 +635,15 @@ class LongCtxDataModule(L.LightningDataModule):
         mine, saved = self._fingerprint(), state["fingerprint"]
         changed = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if changed:
+            hint = (
+                f"; data.num_streams=null follows num_workers: set data.num_streams="
+                f"{saved['num_streams']} to keep the row order"
+                if "num_streams" in changed and self.config.num_streams is None
+                else ""
+            )
             raise ValueError(
                 f"cannot resume the data stream exactly: settings changed since the "
-                f"checkpoint (saved, now): {changed}"
+                f"checkpoint (saved, now): {changed}{hint}"
             )
         rows, per_micro_batch = int(state["rows_consumed"]), self.config.micro_batch_size
         if rows % per_micro_batch:
