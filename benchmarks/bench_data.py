@@ -45,7 +45,7 @@ def bench_datamodule(folder: Path, seq_len: int, workers: int, packer: str, toke
             seq_len=seq_len,
             packer=packer,
             num_workers=workers,
-            streams_per_rank=2,
+            num_streams=2,
         )
     )
     dm.setup("fit")
@@ -71,7 +71,7 @@ def bench_datamodule(folder: Path, seq_len: int, workers: int, packer: str, toke
 
 def bench_resume(folder: Path, seq_len: int) -> dict:
     """Cost of resuming a stream mid-chunk (replays at most chunk_documents documents)."""
-    config = DataConfig(shards=[str(folder)], seq_len=seq_len, streams_per_rank=1)
+    config = DataConfig(shards=[str(folder)], seq_len=seq_len, num_streams=1)
     dm = LongCtxDataModule(config)
     it = iter(dm.train_dataloader())
     for _ in range(200):

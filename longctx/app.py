@@ -375,6 +375,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         eos_id=datamodule.eos_id,
         context_parallel=context_parallel,
         context_parallel_rounds=context_parallel_rounds,
+        allow_global_batch_change=cfg.optim.allow_global_batch_change,
     )
     resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data")}
     record = RunRecord(identity, resolved)

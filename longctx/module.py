@@ -10,16 +10,19 @@ when micro-batches hold different numbers of targets: the known silent bug this 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.distributed.context import context_parallel_group
+from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
 from longctx.model import Llama, LlamaConfig, estimate_flops
 from longctx.model.context_parallel import gather_row
@@ -108,7 +111,10 @@ class LongCtxModule(L.LightningModule):
         eos_id: int | None = None,
         context_parallel: int = 1,
         context_parallel_rounds: int = 1,
+        allow_global_batch_change: bool = False,
     ) -> None:
+        """allow_global_batch_change: a resume on a data-parallel size that cannot keep the
+        checkpoint's global batch goes on with the nearest one instead of stopping."""
         super().__init__()
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
@@ -128,7 +134,10 @@ class LongCtxModule(L.LightningModule):
         self.context_parallel = context_parallel
         self.context_parallel_rounds = context_parallel_rounds
         self.cp_group = None  # set in setup() once the process group exists
+        self.allow_global_batch_change = allow_global_batch_change
         self.tokens_seen = 0
+        self._micro_batch_rows: int | None = None  # seen in training; part of the global batch
+        self._resumed_global_batch: GlobalBatch | None = None  # to keep, from a checkpoint
         self._reset_accumulators()
         self.val_position_loss: PositionLoss | None = None
 
@@ -185,13 +194,54 @@ class LongCtxModule(L.LightningModule):
         }
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["longctx"] = {"tokens_seen": self.tokens_seen}
+        global_batch = self._global_batch()
+        checkpoint["longctx"] = {
+            "tokens_seen": self.tokens_seen,
+            "global_batch": None if global_batch is None else dataclasses.asdict(global_batch),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.tokens_seen = checkpoint.get("longctx", {}).get("tokens_seen", 0)
+        state = checkpoint.get("longctx", {})
+        self.tokens_seen = state.get("tokens_seen", 0)
+        if "global_batch" not in state:
+            raise ValueError(
+                "the checkpoint has no longctx.global_batch (rows per optimizer step; written "
+                "since elastic resume), so the step it resumes cannot be kept: it was written "
+                "by an earlier longctx, whose data order this one cannot continue either"
+            )
+        saved = state["global_batch"]  # None: saved before the first step, nothing to keep
+        self._resumed_global_batch = GlobalBatch(**saved) if saved else None
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.trainer.world_size // self.context_parallel
+
+    def _global_batch(self) -> GlobalBatch | None:
+        """This run's global batch, once a micro-batch has shown its rows (else the resumed one)."""
+        if self._micro_batch_rows is None:
+            return self._resumed_global_batch
+        return GlobalBatch(
+            self._micro_batch_rows, self.accumulate_grad_batches, self.data_parallel_size
+        )
+
+    def _keep_resumed_global_batch(self, micro_batch_rows: int) -> None:
+        """After a resume, the accumulation that keeps the checkpoint's global batch here."""
+        self.accumulate_grad_batches, note = resume_accumulation(
+            self._resumed_global_batch,
+            micro_batch_rows,
+            self.data_parallel_size,
+            configured=self.accumulate_grad_batches,
+            allow_change=self.allow_global_batch_change,
+        )
+        self._resumed_global_batch = None
+        if note:
+            rank_zero_info(note)
 
     # ---------------------------------------------------------------- training
     def training_step(self, batch: PackedBatch, batch_idx: int) -> None:
+        if self._resumed_global_batch is not None:
+            self._keep_resumed_global_batch(batch.shape[0])
+        self._micro_batch_rows = batch.shape[0]
         if self._micro == 0:
             self._step_start = time.perf_counter()
         last_micro = self._micro + 1 == self.accumulate_grad_batches

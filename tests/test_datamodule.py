@@ -1,4 +1,5 @@
-"""LongCtxDataModule: batch invariants, ablation comparability, sharding, exact resume, errors."""
+"""LongCtxDataModule: batch invariants, ablation comparability, sharding, exact and elastic
+resume, errors."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ import torch
 
 from longctx.batch import IGNORE_INDEX
 from longctx.data.corpus import default_corpus_dir
-from longctx.data.datamodule import DataConfig, DocumentStream, LongCtxDataModule, RowStream
+from longctx.data.datamodule import (
+    DataConfig,
+    DocumentStream,
+    LongCtxDataModule,
+    RowStream,
+    merge_rank_states,
+)
 from longctx.data.prepare import prepare
 from longctx.data.shards import ShardSet
 
@@ -128,31 +135,84 @@ def test_ablation_arms_see_same_tokens_and_labels(corpus):
             assert torch.equal(got.tokens, want.tokens) and torch.equal(got.labels, want.labels)
 
 
-@pytest.mark.parametrize("world,streams", [(2, 1), (2, 2), (4, 1)])
-def test_ranks_cover_an_epoch_disjointly_and_completely(tmp_path, world, streams):
+@pytest.mark.parametrize("streams", [1, 2, 4])
+def test_streams_cover_an_epoch_disjointly_and_completely(tmp_path, streams):
     folder = small_corpus(tmp_path, 48)
     train = ShardSet(folder)
-    share = 48 // (world * streams)
-    config = dict(
-        seq_len=64, buffer_size=share // 2, chunk_documents=share, streams_per_rank=streams
+    share = 48 // streams
+    config = DataConfig(
+        shards=[str(folder)],
+        seq_len=64,
+        buffer_size=share // 2,
+        chunk_documents=share,
+        num_streams=streams,
     )
+    dataset = LongCtxDataModule(config).train_dataset()
     seen_ids, seen_tokens = [], Counter()
-    for rank in range(world):
-        dm = LongCtxDataModule(
-            DataConfig(shards=[str(folder)], **config), rank=rank, world_size=world
-        )
-        dataset = dm.train_dataset()
-        for s in range(streams):
-            docs = dataset._open_stream(s).rows.docs
-            seen_ids += docs.chunk_ids(0)  # chunk 0 = this stream's share of epoch 0
-            rows = RowStream(docs, dm.config, dm.pad_id)
-            for row in rows:
-                if rows.cursor[0] > 0:
-                    break
-                seen_tokens.update(row.tokens[row.tokens != dm.pad_id].tolist())
+    for k in range(streams):
+        docs = dataset._open_stream(k).rows.docs
+        seen_ids += docs.chunk_ids(0)  # chunk 0 = this stream's share of epoch 0
+        rows = RowStream(docs, config, dataset.pad_id)
+        for row in rows:
+            if rows.cursor[0] > 0:
+                break
+            seen_tokens.update(row.tokens[row.tokens != dataset.pad_id].tolist())
     assert sorted(seen_ids) == [(0, d) for d in range(48)]
     want = Counter(np.concatenate([train.document(i) for i in range(48)]).tolist())
     assert seen_tokens == want
+
+
+ELASTIC = dict(seq_len=64, micro_batch_size=2, buffer_size=8, chunk_documents=24)
+
+
+def ranks(folder, world: int, **config) -> list[LongCtxDataModule]:
+    """The data modules of ranks 0..world-1 (simulated in one process)."""
+    return [
+        LongCtxDataModule(
+            DataConfig(shards=[str(folder)], **ELASTIC, **config), rank=r, world_size=world
+        )
+        for r in range(world)
+    ]
+
+
+def take_rounds(modules: list[LongCtxDataModule], rounds: int) -> list[list[int]]:
+    """The rows of ``rounds`` rounds, rank 0's micro-batch first in each: the global order."""
+    per_rank = [take(dm, rounds) for dm in modules]
+    return [row for n in range(rounds) for b in per_rank for row in b[n].tokens.tolist()]
+
+
+@pytest.mark.parametrize("streams,workers", [(1, 0), (2, 0), (4, 2)])
+def test_row_order_is_the_same_for_any_number_of_ranks(tmp_path, streams, workers):
+    folder = small_corpus(tmp_path, 200)
+    config = dict(num_streams=streams, num_workers=workers)
+    order = take_rounds(ranks(folder, 1, **config), 12)
+    assert len(order) == 24 and len({tuple(r) for r in order}) == 24  # 24 different rows
+    for world in (2, 3) if workers else (2, 3, 4):
+        assert take_rounds(ranks(folder, world, **config), 12 // world) == order, world
+
+
+@pytest.mark.parametrize(
+    "before,after,rounds,streams,workers",
+    [(2, 1, 3, 2, 0), (2, 3, 3, 2, 0), (1, 2, 5, 1, 0), (3, 2, 2, 2, 2)],
+)
+def test_resume_on_another_number_of_ranks_continues_the_row_order(
+    tmp_path, before, after, rounds, streams, workers
+):
+    """A checkpoint's state (merged over ranks) resumes on another data-parallel size at the
+    next global row, streams shared by ranks included, also mid-round (5 rows on 2 ranks)."""
+    folder = small_corpus(tmp_path, 200)
+    config = dict(num_streams=streams, num_workers=workers)
+    order = take_rounds(ranks(folder, 1, **config), 12)
+    first = ranks(folder, before, **config)
+    got = take_rounds(first, rounds)
+    state = merge_rank_states([dm.state_dict() for dm in first])
+    assert state["rows_consumed"] == 2 * before * rounds
+    resumed = ranks(folder, after, **config)
+    for dm in resumed:
+        dm.load_state_dict(state)
+    left = 12 - before * rounds
+    got += take_rounds(resumed, -(-left // after))
+    assert got[:24] == order
 
 
 def test_next_epoch_uses_a_new_permutation(tmp_path):
@@ -171,7 +231,7 @@ def test_resume_continues_with_exactly_the_same_batches(tmp_path, workers):
         micro_batch_size=2,
         buffer_size=8,
         chunk_documents=40,
-        streams_per_rank=2,
+        num_streams=2,
         num_workers=workers,
     )
     full = take(module(folder, **config), 14)
@@ -194,6 +254,30 @@ def test_resume_refuses_changed_settings(tmp_path):
     other = module(folder, seq_len=128)
     with pytest.raises(ValueError, match="seq_len"):
         other.load_state_dict(dm.state_dict())
+    more_workers = module(folder, seq_len=64, num_workers=2)
+    with pytest.raises(ValueError, match=r"'num_streams': \(1, 2\).*set data.num_streams=1"):
+        more_workers.load_state_dict(dm.state_dict())
+
+
+def test_resume_refuses_a_state_from_before_elastic_resume(tmp_path):
+    folder = small_corpus(tmp_path, 48)
+    dm = module(folder, seq_len=64)
+    take(dm, 2)
+    state = dm.state_dict()
+    old = {"version": 1, "fingerprint": state["fingerprint"], "ranks": {0: {"consumed": 2}}}
+    with pytest.raises(
+        ValueError, match=r"version 1, expected 2.*lacks \['rows_consumed', 'streams'\]"
+    ):
+        module(folder, seq_len=64).load_state_dict(old)
+    with pytest.raises(RuntimeError, match=r"disagree on the global rows consumed \(\[2, 6\]\)"):
+        merge_rank_states([state, {**state, "rows_consumed": 6}])
+
+
+def test_shared_streams_are_named_with_the_fix(tmp_path):
+    folder = small_corpus(tmp_path, 48)
+    config = DataConfig(shards=[str(folder)], seq_len=64, num_streams=2)
+    with pytest.warns(UserWarning, match="num_streams=2 is not a multiple of .* 4 x 1.*2x"):
+        LongCtxDataModule(config, rank=0, world_size=4).train_dataset()
 
 
 def test_lightning_resume_with_estimated_stepping_batches(tmp_path):
@@ -222,7 +306,7 @@ def test_lightning_resume_with_estimated_stepping_batches(tmp_path):
                 seq_len=512,
                 buffer_size=5,
                 chunk_documents=20,
-                streams_per_rank=2,
+                num_streams=2,
             )
         )
         model = Recorder()
@@ -275,7 +359,7 @@ def test_bad_configuration_fails_before_training(tmp_path):
         module(folder, seq_len=100_000).train_dataloader()
     with pytest.raises(ValueError, match="fewer than the 64 streams"):
         LongCtxDataModule(
-            DataConfig(shards=[str(folder)], seq_len=8), rank=0, world_size=64
+            DataConfig(shards=[str(folder)], seq_len=8, num_streams=64)
         ).train_dataloader()
     with pytest.raises(ValueError, match="shards=\\[\\]"):
         LongCtxDataModule(DataConfig(shards=[])).setup("fit")

@@ -136,9 +136,8 @@ def test_swap_into_place_replaces_a_folder_whole(tmp_path):
 @pytest.mark.slow
 def test_train_py_fsdp_sharded_checkpoint_resumes(tmp_path):
     """The app end to end: trainer=fsdp writes a sharded last.ckpt folder (with the data
-    position) and ckpt_path=last continues it. The data stream's position is per rank, so the
-    app resumes on the same world size (the datamodule refuses another one, by name); the
-    weights alone reshard (test_two_rank_checkpoint_resumes_on_one_rank)."""
+    position) and ckpt_path=last continues it (on another world size:
+    tests/test_elastic_resume.py)."""
     from helpers import FAST, run_train
 
     common = [*FAST, "trainer=fsdp", "trainer.accelerator=cpu", "run_name=sharded",

@@ -124,12 +124,12 @@ def submitit_logs(sweep_root: Path) -> str:
 
 
 # ------------------------------------------------------- two nodes, each equal to one process
-# 3 AdamW steps. Two ranks of one data stream each (DDP, FSDP2) see in a step what one process
-# sees with two streams and two micro-batches accumulated; a context-parallel pair reads one
-# process's batches. So every two-node run below is compared to the same one-process run.
-STEPS = [*TINY, "trainer.max_steps=3", "trainer.deterministic=true"]
+# 3 AdamW steps over two data streams. Two data-parallel ranks (DDP, FSDP2) see in a step the
+# two micro-batches one process accumulates (the global row order does not depend on the number
+# of ranks); a context-parallel pair reads one process's batches. So every two-node run below
+# is compared to the same one-process run.
+STEPS = [*TINY, "trainer.max_steps=3", "trainer.deterministic=true", "data.num_streams=2"]
 ONE_PROCESS = [
-    "+data.streams_per_rank=2",
     "optim.accumulate_grad_batches=2",
     "trainer.val_check_interval=6",  # micro-batches: after step 3
     "trainer.limit_val_batches=2",  # the 4 validation rows the two ranks share out

@@ -1,32 +1,39 @@
-"""LongCtxDataModule: prepared shards -> packed rows -> PackedBatch, with exact resume.
+"""LongCtxDataModule: prepared shards -> packed rows -> PackedBatch, with exact (elastic) resume.
 
 How the document stream is cut (and why):
 
-* Streams. Each rank runs ``S = streams_per_rank`` independent streams (default
-  ``max(1, num_workers)``); global stream ``k = rank * S + s`` of ``N = world * S``. Per data
-  epoch ``e`` a seeded permutation ``perm_e`` of a source's documents is drawn (numpy,
-  ``seed, source, e``) and stream ``k`` takes ``perm_e[k::N]``: the streams of all ranks cover
-  every document of the epoch exactly once. With several sources, each document slot of a
-  stream picks its source from a seeded draw with the mixing weights; each source then cycles
-  through its own epochs independently.
+* Streams. The run has ``N = num_streams`` global streams (default ``max(1, num_workers)``), a
+  number that does not depend on the world size. Per data epoch ``e`` a seeded permutation
+  ``perm_e`` of a source's documents is drawn (numpy, ``seed, source, e``) and stream ``k`` takes
+  ``perm_e[k::N]``: the streams cover every document of the epoch exactly once. With several
+  sources, each document slot of a stream picks its source from a seeded draw with the mixing
+  weights; each source then cycles through its own epochs independently.
 * Chunks. A stream's (endless) document sequence is cut into chunks of ``chunk_documents``
   documents, each packed by a fresh packer; rows flow on from chunk to chunk. A chunk is a
   multiple of the best-fit buffer, so chunking changes nothing but one padded row per chunk.
   The cursor of a stream is (chunk, rows already taken from it): resuming replays at most one
   chunk, never the whole history.
-* Batches. Per rank, batch ``g`` (counted over the whole run) is batch ``g // S`` of stream
-  ``g % S``. A DataLoader worker ``w`` of ``W`` produces batches ``g0 + w, g0 + w + W, ...``
-  which the DataLoader's in-order round robin delivers as ``g0, g0 + 1, ...``. So the batch
-  sequence does not depend on ``num_workers``, only on ``streams_per_rank``.
+* Global micro-batches. The run's micro-batch ``u`` (``micro_batch_size`` rows, counted over all
+  ranks) is batch ``u // N`` of stream ``u % N``: the global row order is a function of ``N``
+  alone, the same for any number of data-parallel ranks (and context-parallel ranks, which share
+  their rows). Each round of ``D`` data-parallel ranks takes the next ``D`` micro-batches, rank
+  ``r`` the ``r``-th, so an optimizer step of ``accumulation x D`` micro-batches trains on the
+  same rows whatever ``D`` is. When ``N`` is a multiple of ``D x max(1, num_workers)`` every
+  DataLoader worker reads streams of its own; otherwise ranks and workers share streams and each
+  packs rows that others take (same order, more packing work; a warning says so).
+* Workers. A DataLoader worker ``w`` of ``W`` produces a rank's rounds ``w, w + W, ...``, which
+  the DataLoader's in-order round robin delivers in order: the batch sequence does not depend on
+  ``num_workers``.
 * Equal batches per rank. Streams never run dry (they go on into the next data epoch), and a
-  Lightning epoch is a fixed ``batches_per_epoch = train tokens // (world * B * L)`` batches on
+  Lightning epoch is a fixed ``batches_per_epoch = train tokens // (D * B * L)`` rounds on
   every rank, so ranks always step together (no DDP hang). The last rows of a data epoch are
   packed together with the first documents of the next.
-* Exact resume. The state is the number of batches the training loop consumed (counted in
-  ``on_before_batch_transfer``, after Lightning's prefetch, so prefetched batches do not
-  count) plus each stream's cursor after its last consumed batch; every rank's cursors are
-  gathered into the checkpoint under DDP. The iterator reads the state when it starts, so a
-  train dataloader built early (``trainer.estimated_stepping_batches``) loses nothing.
+* Exact, elastic resume. The state is the number of global rows the training loop consumed
+  (counted in ``on_before_batch_transfer``, after Lightning's prefetch, so prefetched batches do
+  not count) plus each stream's position (batches taken, cursor) after its last consumed batch,
+  gathered from every rank. A resume on another data-parallel size starts each rank at its share
+  of the rows that follow. The iterator reads the state when it starts, so a train dataloader
+  built early (``trainer.estimated_stepping_batches``) loses nothing.
 """
 
 from __future__ import annotations
@@ -35,15 +42,18 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+import math
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from longctx.batch import PackedBatch
@@ -53,8 +63,11 @@ from longctx.distributed.context import data_parallel_rank_and_size
 from longctx.eval.baselines import unigram_cross_entropy
 from longctx.packing import PackedRow, collate_rows, make_packer
 
-_META = "_longctx_stream_meta"  # attribute a train batch carries: (g, stream, cursor after)
-STATE_VERSION = 1
+# attribute a train batch carries: (first global micro-batch of its round, ranks in the round,
+# stream, the stream's position after it)
+_META = "_longctx_stream_meta"
+# 2: global rows consumed and global stream positions (elastic resume); 1 was per rank
+STATE_VERSION = 2
 
 
 @dataclasses.dataclass
@@ -72,7 +85,9 @@ class DataConfig:
     buffer_size: int = 1000  # best_fit buffer (documents)
     val_rows: int = 16  # the fixed validation set: the first val_rows rows of the val split
     cache_dir: str | None = None
-    streams_per_rank: int | None = None  # None -> max(1, num_workers); fixes the batch order
+    # global streams: with the seed, they fix the row order, for any number of ranks. None ->
+    # max(1, num_workers). A multiple of (data-parallel ranks x num_workers) packs each row once
+    num_streams: int | None = None
     chunk_documents: int = 10_000  # resume replays at most this many documents per stream
 
     def __post_init__(self) -> None:
@@ -81,8 +96,8 @@ class DataConfig:
         for name in ("seq_len", "micro_batch_size", "buffer_size", "val_rows", "chunk_documents"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
         _require(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0")
-        if self.streams_per_rank is not None:
-            _require(self.streams_per_rank >= 1, "streams_per_rank", self.streams_per_rank, ">= 1")
+        if self.num_streams is not None:
+            _require(self.num_streams >= 1, "num_streams", self.num_streams, ">= 1")
         _require(
             self.packer in ("concat_chunk", "best_fit"),
             "packer",
@@ -113,7 +128,7 @@ class DataConfig:
 
     @property
     def effective_streams(self) -> int:
-        return self.streams_per_rank or max(1, self.num_workers)
+        return self.num_streams or max(1, self.num_workers)
 
 
 def _require(ok: bool, name: str, value, expected: str) -> None:
@@ -137,7 +152,6 @@ class DocumentStream:
         self.sources, self.weights, self.seed = sources, weights, seed
         self.stream, self.num_streams, self.chunk = stream, num_streams, chunk_documents
         self.shares = [len(range(stream, len(s), num_streams)) for s in sources]
-        self._perm_cache: dict[tuple[int, int], np.ndarray] = {}
         self._counts = {0: np.zeros(len(sources), dtype=np.int64)}  # per-source docs before chunk
 
     def chunk_ids(self, chunk: int) -> list[tuple[int, int]]:
@@ -174,18 +188,18 @@ class DocumentStream:
         epochs, positions = np.divmod(local, share)
         out = np.empty(len(local), dtype=np.int64)
         for epoch in np.unique(epochs):
-            mine = self._permutation(source, int(epoch))[self.stream :: self.num_streams]
+            perm = epoch_permutation(self.seed, source, int(epoch), len(self.sources[source]))
+            mine = perm[self.stream :: self.num_streams]
             out[epochs == epoch] = mine[positions[epochs == epoch]]
         return out
 
-    def _permutation(self, source: int, epoch: int) -> np.ndarray:
-        key = (source, epoch)
-        if key not in self._perm_cache:
-            if len(self._perm_cache) > 2 * len(self.sources):
-                self._perm_cache.clear()
-            rng = np.random.default_rng((self.seed, source, epoch))
-            self._perm_cache[key] = rng.permutation(len(self.sources[source]))
-        return self._perm_cache[key]
+
+@functools.lru_cache(maxsize=16)  # shared by the streams of a process: one copy per epoch
+def epoch_permutation(seed: int, source: int, epoch: int, num_documents: int) -> np.ndarray:
+    """The order of a source's documents in a data epoch."""
+    perm = np.random.default_rng((seed, source, epoch)).permutation(num_documents)
+    perm.flags.writeable = False
+    return perm
 
 
 class RowStream:
@@ -229,13 +243,29 @@ def _mix(*values: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+class StreamPosition(NamedTuple):
+    """Where a stream stands: batches taken from it, and its row cursor after them."""
+
+    batches: int = 0
+    chunk: int = 0
+    rows: int = 0  # rows already taken from the chunk
+
+
 class BatchStream:
-    """Micro-batches of one stream; ``cursor`` is the stream position after the last batch."""
+    """Micro-batches of one stream, from a position."""
 
     def __init__(self, rows: RowStream, config: DataConfig, batch_index: int) -> None:
         self.rows, self.config = rows, config
         self.batch_index = batch_index  # index of the next batch this stream yields
         self._it = iter(rows)
+
+    @classmethod
+    def at(cls, docs: DocumentStream, config: DataConfig, pad_id: int, at: StreamPosition):
+        rows = RowStream(docs, config, pad_id, (at.chunk, at.rows))
+        return cls(rows, config, at.batches)
+
+    def position(self) -> StreamPosition:
+        return StreamPosition(self.batch_index, *self.rows.cursor)
 
     def next_rows(self) -> list[PackedRow]:
         rows = [next(self._it) for _ in range(self.config.micro_batch_size)]
@@ -251,8 +281,14 @@ class BatchStream:
 
 
 # --------------------------------------------------------------------------- datasets
+def micro_batch_source(micro_batch: int, num_streams: int) -> tuple[int, int]:
+    """(stream, batch index in it) of the run's global micro-batch ``micro_batch``."""
+    return micro_batch % num_streams, micro_batch // num_streams
+
+
 class TrainStream(IterableDataset):
-    """Yields this rank's batches ``start, start + 1, ...`` up to the end of the Lightning epoch."""
+    """Yields this rank's micro-batches, from global micro-batch ``start`` to the end of the
+    Lightning epoch: in round ``n`` rank ``r`` takes global micro-batch ``start + n * D + r``."""
 
     def __init__(
         self,
@@ -267,42 +303,48 @@ class TrainStream(IterableDataset):
         self.sources, self.weights, self.config, self.pad_id = sources, weights, config, pad_id
         self.rank, self.world_size = rank, world_size
         self.batches_per_epoch = batches_per_epoch
-        self.start = 0  # set from the progress when an iterator starts
-        self.cursors: dict[int, tuple[int, int]] = {}  # stream -> cursor at its first batch
+        self.start = 0  # global micro-batches consumed when an iterator starts (from the progress)
+        self.positions: dict[int, StreamPosition] = {}  # stream -> position after its last batch
 
     def __len__(self) -> int:
         return self.batches_per_epoch
 
-    def epoch_end(self, start: int) -> int:
-        return (start // self.batches_per_epoch + 1) * self.batches_per_epoch
+    def rounds_left(self) -> int:
+        """Rounds from ``start`` to the end of its Lightning epoch."""
+        per_epoch = self.batches_per_epoch * self.world_size
+        end = (self.start // per_epoch + 1) * per_epoch
+        return -(-(end - self.start) // self.world_size)
 
     def __iter__(self) -> Iterator[PackedBatch]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         streams: dict[int, BatchStream] = {}
-        num = self.config.effective_streams
-        for g in range(self.start + worker, self.epoch_end(self.start), workers):
-            s = g % num
-            stream = streams.get(s) or streams.setdefault(s, self._open_stream(s))
-            while stream.batch_index < g // num:  # other workers' batches of this stream
+        for n in range(worker, self.rounds_left(), workers):
+            first = self.start + n * self.world_size
+            k, index = micro_batch_source(first + self.rank, self.config.effective_streams)
+            stream = streams.get(k) or streams.setdefault(k, self._open_stream(k))
+            if stream.batch_index > index:
+                raise RuntimeError(
+                    f"stream {k} is at batch {stream.batch_index}, past batch {index} that "
+                    f"global micro-batch {first + self.rank} needs: the resume state is inconsistent"
+                )
+            while stream.batch_index < index:  # batches of this stream other ranks/workers take
                 stream.next_rows()
             batch = stream.collate(stream.next_rows())
-            setattr(batch, _META, (g, s, stream.rows.cursor))
+            setattr(batch, _META, (first, self.world_size, k, stream.position()))
             yield batch
 
-    def _open_stream(self, s: int) -> BatchStream:
-        num = self.config.effective_streams
+    def _open_stream(self, k: int) -> BatchStream:
         docs = DocumentStream(
             self.sources,
             self.weights,
             self.config.seed,
-            self.rank * num + s,
-            self.world_size * num,
+            k,
+            self.config.effective_streams,
             self.config.chunk_documents,
         )
-        rows = RowStream(docs, self.config, self.pad_id, self.cursors.get(s, (0, 0)))
-        first = -(-(self.start - s) // num) if self.start > s else 0  # next unconsumed batch
-        return BatchStream(rows, self.config, first)
+        at = self.positions.get(k, StreamPosition())
+        return BatchStream.at(docs, self.config, self.pad_id, at)
 
 
 class FixedBatches(IterableDataset):
@@ -342,8 +384,8 @@ class _TrainLoader(DataLoader):
         self.progress = progress
 
     def __iter__(self):
-        self.dataset.start = self.progress.consumed
-        self.dataset.cursors = dict(self.progress.cursors)
+        self.dataset.start = self.progress.micro_batches
+        self.dataset.positions = dict(self.progress.positions)
         for batch in super().__iter__():
             if not self.progress.counted_by_trainer:
                 self.progress.record(batch)
@@ -352,22 +394,23 @@ class _TrainLoader(DataLoader):
 
 @dataclasses.dataclass
 class _Progress:
-    consumed: int = 0  # batches this rank's training loop has taken (whole run)
-    cursors: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    micro_batches: int = 0  # global micro-batches the training loops of all ranks have taken
+    positions: dict[int, StreamPosition] = dataclasses.field(default_factory=dict)
     counted_by_trainer: bool = False
 
     def record(self, batch: PackedBatch) -> None:
         meta = batch.__dict__.get(_META)
         if meta is None:
             return
-        g, s, cursor = meta
-        if g != self.consumed:
+        first, ranks, stream, position = meta
+        if first != self.micro_batches:
             raise RuntimeError(
-                f"train batch {g} arrived, expected batch {self.consumed}: the "
-                "batch order is broken (was the iterator shared?)"
+                f"a train batch of the round from global micro-batch {first} arrived, expected "
+                f"the round from {self.micro_batches}: the batch order is broken (was the "
+                "iterator shared?)"
             )
-        self.cursors[s] = tuple(cursor)
-        self.consumed = g + 1
+        self.positions[stream] = position
+        self.micro_batches = first + ranks
 
 
 # --------------------------------------------------------------------------- datamodule
@@ -499,14 +542,15 @@ class LongCtxDataModule(L.LightningDataModule):
     def train_dataset(self) -> TrainStream:
         sources = self._open()
         rank, world = self._topology()
-        num_streams = world * self.config.effective_streams
+        num_streams = self.config.effective_streams
         for folder, shard_set in zip(self._folders, sources, strict=True):
             if shard_set.num_documents < num_streams:
                 raise ValueError(
                     f"{folder} has {shard_set.num_documents} training documents, fewer than "
-                    f"the {num_streams} streams (world_size {world} x streams_per_rank "
-                    f"{self.config.effective_streams}); expected at least one per stream"
+                    f"the {num_streams} streams (DataConfig.num_streams); expected at least one "
+                    "per stream"
                 )
+        _warn_shared_streams(num_streams, world, self.config.num_workers)
         weights = np.asarray(self.config.weights or [1.0] * len(sources), dtype=np.float64)
         return TrainStream(
             sources,
@@ -597,39 +641,42 @@ class LongCtxDataModule(L.LightningDataModule):
         return batch
 
     def state_dict(self) -> dict:
+        """Global rows consumed and every stream's position, merged over all ranks."""
         local = {
-            "consumed": self._progress.consumed,
-            "cursors": {int(s): list(c) for s, c in self._progress.cursors.items()},
+            "version": STATE_VERSION,
+            "fingerprint": self._fingerprint(),
+            "rows_consumed": self._progress.micro_batches * self.config.micro_batch_size,
+            "streams": {int(k): list(p) for k, p in self._progress.positions.items()},
         }
-        ranks = {self.rank: local}
+        states = [local]
         if self._gathers():  # every process; context-parallel ranks hold equal copies
-            gathered = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, (self.rank, local))
-            ranks = dict(gathered)
-        return {"version": STATE_VERSION, "fingerprint": self._fingerprint(), "ranks": ranks}
+            states = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, local)
+        return merge_rank_states(states)
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"data state version {state.get('version')}; expected {STATE_VERSION}")
+        check_state_version(state)
         mine, saved = self._fingerprint(), state["fingerprint"]
         changed = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if changed:
             hint = (
-                "; world_size is the data-parallel size (processes / context_parallel): keep it "
-                "(a change of context_parallel that keeps it resumes exactly)"
-                if "world_size" in changed
+                f"; data.num_streams=null follows num_workers: set data.num_streams="
+                f"{saved['num_streams']} to keep the row order"
+                if "num_streams" in changed and self.config.num_streams is None
                 else ""
             )
             raise ValueError(
                 f"cannot resume the data stream exactly: settings changed since the "
                 f"checkpoint (saved, now): {changed}{hint}"
             )
-        ranks = {int(r): v for r, v in state["ranks"].items()}
-        if self.rank not in ranks:
-            raise ValueError(f"the data state holds ranks {sorted(ranks)}, not rank {self.rank}")
-        local = ranks[self.rank]
-        self._progress.consumed = int(local["consumed"])
-        self._progress.cursors = {int(s): tuple(c) for s, c in local["cursors"].items()}
+        rows, per_micro_batch = int(state["rows_consumed"]), self.config.micro_batch_size
+        if rows % per_micro_batch:
+            raise ValueError(
+                f"the data state has consumed {rows} rows, not a whole number of micro-batches "
+                f"of micro_batch_size={per_micro_batch}"
+            )
+        self._progress.micro_batches = rows // per_micro_batch
+        self._progress.positions = {int(k): StreamPosition(*p) for k, p in state["streams"].items()}
 
     def _gathers(self) -> bool:
         return (
@@ -649,9 +696,8 @@ class LongCtxDataModule(L.LightningDataModule):
             "micro_batch_size": c.micro_batch_size,
             "seed": c.seed,
             "buffer_size": c.buffer_size,
-            "streams_per_rank": c.effective_streams,
+            "num_streams": c.effective_streams,
             "chunk_documents": c.chunk_documents,
-            "world_size": self.world_size,
         }
 
     def _load_manifests(self) -> list[Manifest]:
@@ -672,3 +718,48 @@ def _check_same_tokenizer(folders: list[Path], manifests: list[Manifest]) -> Non
                 f"{folder} was prepared with tokenizer {m.tokenizer}, {folders[0]} "
                 f"with {first.tokenizer}; expected one tokenizer for all folders"
             )
+
+
+def check_state_version(state: dict) -> None:
+    """A data state this version can continue; one from before elastic resume is refused."""
+    version = state.get("version")
+    if version == STATE_VERSION:
+        return
+    missing = [k for k in ("rows_consumed", "streams") if k not in state]
+    raise ValueError(
+        f"the checkpoint's data state has version {version}, expected {STATE_VERSION}: it was "
+        f"written before elastic resume and lacks {missing or 'the global row order'} (its "
+        "positions are per rank, in a row order that depended on the world size), so its data "
+        "order cannot be continued; finish the run with the longctx version that wrote it, or "
+        "start a new run"
+    )
+
+
+def merge_rank_states(states: list[dict]) -> dict:
+    """One data state from every rank's: the ranks must agree on rows consumed; a stream (some
+    are shared by ranks) keeps the position after its furthest consumed batch."""
+    first = states[0]
+    rows = {s["rows_consumed"] for s in states}
+    if len(rows) != 1:
+        raise RuntimeError(
+            f"the ranks disagree on the global rows consumed ({sorted(rows)}): a checkpoint "
+            "must be taken with every rank at the same micro-batch"
+        )
+    streams: dict[int, list[int]] = {}
+    for state in states:
+        for k, position in state["streams"].items():
+            if k not in streams or position[0] > streams[k][0]:
+                streams[k] = list(position)
+    return {**first, "streams": dict(sorted(streams.items()))}
+
+
+def _warn_shared_streams(num_streams: int, ranks: int, workers: int) -> None:
+    readers = ranks * max(1, workers)
+    if num_streams % readers:
+        share = readers // math.gcd(num_streams, readers)
+        rank_zero_warn(
+            f"DataConfig.num_streams={num_streams} is not a multiple of data-parallel ranks x "
+            f"workers = {ranks} x {max(1, workers)}: readers share streams and each packs about "
+            f"{share}x the rows it uses (the row order is unaffected); set data.num_streams to a "
+            f"multiple of {readers} to pack each row once"
+        )
