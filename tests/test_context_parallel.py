@@ -302,7 +302,10 @@ def assert_same_training(run_dir: Path, reference: Path, first_step: int = 0) ->
         return
     got, expected = final_params(run_dir), final_params(reference)
     for name, value in expected.items():
-        assert_close_scaled(got[name], value, msg=name)
+        # AdamW moves a weight by up to lr (6e-4 here) per step whatever its gradient's size, so
+        # reduction-order noise in a near-zero gradient shows at the scale of lr, not of the
+        # weight: the bound is 2% of one step's update
+        torch.testing.assert_close(got[name], value, atol=1e-5, rtol=0, msg=name)
 
 
 def val_losses(run_dir: Path) -> list[float]:
