@@ -271,10 +271,10 @@ PREEMPT = [
 
 
 def data_state(run_dir: Path) -> dict:
-    """The datamodule's saved position: batches consumed and stream cursors, per rank."""
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
-    (state,) = [v for v in ckpt.values() if isinstance(v, dict) and "ranks" in v]
-    return state["ranks"]
+    """The datamodule's saved position: global rows consumed and every stream's cursor."""
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    (state,) = [v for v in ckpt.values() if isinstance(v, dict) and "rows_consumed" in v]
+    return {k: state[k] for k in ("rows_consumed", "streams")}
 
 
 @on_slurm
