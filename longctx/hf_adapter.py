@@ -28,12 +28,12 @@ from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.model.attention import (
-    ATTENTION_BACKENDS,
     AttentionMetadata,
     attention,
     build_attention_metadata,
     resolve_backend,
 )
+from longctx.model.attention_names import check_backend_name
 from longctx.model.loss import chunked_token_loss
 from longctx.model.rope import RopeScaling
 from longctx.model.validation import require_positive
@@ -196,8 +196,7 @@ class HFCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         check_supported(hf_model.config)
-        if attn_backend not in ATTENTION_BACKENDS + ("auto",):
-            raise ValueError(f"attn_backend={attn_backend!r}; expected one of {ATTENTION_BACKENDS}")
+        check_backend_name(attn_backend)
         if not isinstance(loss_chunk_size, int) or loss_chunk_size < 1:
             raise ValueError(f"loss_chunk_size={loss_chunk_size!r}; expected a positive int")
         head = hf_model.get_output_embeddings()
@@ -391,10 +390,7 @@ class HFModelSpec:
     config_overrides: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.attn_backend not in ATTENTION_BACKENDS + ("auto",):
-            raise ValueError(
-                f"attn_backend={self.attn_backend!r}; expected one of {ATTENTION_BACKENDS}"
-            )
+        check_backend_name(self.attn_backend)
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype={self.dtype!r}; expected one of {sorted(_DTYPES)}")
         self.config_overrides = dict(self.config_overrides or {})
@@ -421,12 +417,12 @@ class HFModelSpec:
             model = AutoModelForCausalLM.from_config(self.hf_config)
         return sum(p.numel() for p in model.parameters())
 
-    def preflight(self, seq_len: int) -> None:
+    def check_seq_len(self, seq_len: int) -> None:
         """Refuse a seq_len the model cannot mask correctly or was not configured for."""
         check_window(self.hf_config, seq_len)
         if seq_len > self.max_seq_len:
             raise ValueError(
-                f"data.seq_len={seq_len} exceeds max_position_embeddings={self.max_seq_len} of "
+                f"L={seq_len} exceeds max_position_embeddings={self.max_seq_len} of "
                 f"{_describe(self.hf_config)}; raise it (and the RoPE settings) with "
                 "model.config_overrides if the model is meant to train longer"
             )

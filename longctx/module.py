@@ -25,7 +25,7 @@ from longctx.distributed.context import context_parallel_group
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
 from longctx.model import Llama, LlamaConfig, estimate_flops
-from longctx.model.context_parallel import gather_row
+from longctx.model.context_parallel import context_shard, gather_row
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
@@ -151,8 +151,8 @@ class LongCtxModule(L.LightningModule):
         if self.context_parallel == 1:
             return batch
         rank = torch.distributed.get_rank(self.cp_group)
-        return batch.context_shard(
-            rank, self.context_parallel, self.cp_group, self.context_parallel_rounds
+        return context_shard(
+            batch, rank, self.context_parallel, self.cp_group, self.context_parallel_rounds
         )
 
     def configure_model(self) -> None:

@@ -260,7 +260,7 @@ def test_sliding_window_refused_when_a_document_is_longer(tmp_path):
     with pytest.raises(UnsupportedModelError, match="sliding window of 16 tokens.*document of 20"):
         model.loss(long)
     with pytest.raises(UnsupportedModelError, match="window 16.*seq_len=32"):
-        HFModelSpec(path=str(tmp_path)).preflight(32)
+        HFModelSpec(path=str(tmp_path)).check_seq_len(32)
 
 
 def test_direct_hf_call_without_batch_metadata_is_an_error(tmp_path):
@@ -290,7 +290,7 @@ def test_spec_answers_preflight_from_config_alone(tmp_path):
     assert spec.num_params() == sum(p.numel() for p in model.parameters())
     assert spec.vocab_size == VOCAB and spec.max_seq_len == 32768
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=32768"):
-        spec.preflight(65536)
+        spec.check_seq_len(65536)
 
 
 def test_compose_model_hf(tmp_path):

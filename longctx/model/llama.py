@@ -218,9 +218,7 @@ class Llama(nn.Module):
                 f"batch is on {batch.tokens.device} but the model is on {device}; "
                 "move it with batch.to(device)"
             )
-        length = batch.row_len
-        if length > self.config.max_seq_len:
-            raise ValueError(f"batch has L={length} > config.max_seq_len={self.config.max_seq_len}")
+        self.config.check_seq_len(batch.row_len)
         self._check_id_ranges(batch)
 
     def _check_id_ranges(self, batch: PackedBatch) -> None:
