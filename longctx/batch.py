@@ -21,7 +21,7 @@ IGNORE_INDEX = -100
 DENSE_MASK_MAX_LEN = 8192
 
 # unsigned too: token shards are uint16/uint32 on disk, and torch.from_numpy keeps that dtype
-_INT_DTYPES = (
+INT_DTYPES = (
     torch.int8,
     torch.int16,
     torch.int32,
@@ -114,45 +114,6 @@ class PackedBatch:
         positions = position_ids_for(seq_lens, tokens.shape[1], reset_position_ids)
         return cls(tokens, labels, positions, seq_lens)
 
-    @classmethod
-    def from_features(
-        cls,
-        features: Sequence[dict],
-        seq_len: int,
-        reset_position_ids: bool,
-        pad_id: int = 0,
-    ) -> PackedBatch:
-        """Flatten HF-style features (``{"input_ids": [...], "labels": [...]?}``) into rows.
-
-        The flattening-collator use case: features are laid end to end, in order, each one a
-        segment; a feature that does not fit in what is left of a row starts the next row, and
-        a row that is not full gets a pad tail (``pad_id``, no loss) as a segment of its own.
-        Labels stay within a feature: without ``labels`` each token's target is the next token
-        of its feature; with ``labels`` (HF's unshifted convention, -100 = no loss) the target
-        of token i is ``labels[i + 1]``. A feature longer than ``seq_len`` is split into pieces
-        of at most ``seq_len`` tokens, each its own segment (never dropped, never truncated);
-        the last token of each piece has no target. Positions are continuous 0..L-1 along the
-        row unless ``reset_position_ids``.
-        """
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(f"seq_len={seq_len!r}; expected a positive int")
-        pieces = [
-            piece
-            for i, feature in enumerate(_check_features(features))
-            for piece in _feature_pieces(i, feature, seq_len)
-        ]
-        rows = _fill_rows(pieces, seq_len)
-        tokens = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
-        labels = torch.full_like(tokens, IGNORE_INDEX)
-        lengths = []
-        for r, row in enumerate(rows):
-            ids, targets = torch.cat([p[0] for p in row]), torch.cat([p[1] for p in row])
-            tokens[r, : ids.numel()], labels[r, : ids.numel()] = ids, targets
-            lengths.append([p[0].numel() for p in row])
-        seq_lens = _with_remainder_segment(_as_lengths_tensor(lengths), tokens.shape)
-        positions = position_ids_for(seq_lens, seq_len, reset_position_ids)
-        return cls(tokens, labels, positions, seq_lens)
-
     # ------------------------------------------------------------ derived, cached
     @property
     def shape(self) -> tuple[int, int]:
@@ -196,33 +157,6 @@ class PackedBatch:
         same_doc = self.doc_ids[:, :, None] == self.doc_ids[:, None, :]
         causal = torch.ones(length, length, dtype=torch.bool, device=self.tokens.device).tril()
         return same_doc & causal
-
-    # ------------------------------------------------------------ transformers
-    def to_hf_kwargs(self) -> dict:
-        """Keyword arguments for a stock transformers causal LM's forward.
-
-        ``labels`` follow HF's unshifted convention (the model shifts them: target of i is
-        ``labels[i + 1]``); ``shift_labels`` are this batch's own (already shifted) labels,
-        which transformers' causal-LM loss uses as given, so a target at the last position is
-        not lost. ``cu_seq_lens_q/k`` (int32, over the flattened B*L tokens) and
-        ``max_length_q/k`` make transformers' flash-attention path run varlen per segment
-        instead of guessing boundaries from position ids, so continuous positions are masked
-        too. Other attention implementations (sdpa, eager) ignore them and mask documents only
-        when position ids reset; pass ``use_cache=False``.
-        """
-        hf_labels = torch.full_like(self.labels, IGNORE_INDEX)
-        hf_labels[:, 1:] = self.labels[:, :-1]
-        cu_seqlens = self.cu_seqlens.to(self.tokens.device)
-        return {
-            "input_ids": self.tokens,
-            "position_ids": self.position_ids,
-            "labels": hf_labels,
-            "shift_labels": self.labels,
-            "cu_seq_lens_q": cu_seqlens,
-            "cu_seq_lens_k": cu_seqlens,
-            "max_length_q": self.max_seqlen,
-            "max_length_k": self.max_seqlen,
-        }
 
     # ------------------------------------------------------------------ movement
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
@@ -274,50 +208,6 @@ def labels_within_segments(tokens: Tensor, seq_lens: Tensor) -> Tensor:
     valid = seq_lens > 0
     labels[rows[valid], ends[valid]] = IGNORE_INDEX
     return labels
-
-
-def _check_features(features: Sequence[dict]) -> Sequence[dict]:
-    if isinstance(features, dict) or not isinstance(features, Sequence) or not features:
-        raise ValueError(
-            f"features must be a non-empty list of dicts with 'input_ids'; got {type(features)}"
-        )
-    for i, feature in enumerate(features):
-        if not isinstance(feature, dict) or "input_ids" not in feature:
-            raise ValueError(f"feature {i} has no 'input_ids': {feature!r:.200}")
-    return features
-
-
-def _feature_pieces(index: int, feature: dict, seq_len: int) -> list[tuple[Tensor, Tensor]]:
-    """(input ids, shifted targets) of one feature, split into pieces of <= seq_len tokens."""
-    ids = torch.as_tensor(feature["input_ids"])
-    if ids.ndim != 1 or ids.numel() == 0 or ids.dtype not in _INT_DTYPES or bool((ids < 0).any()):
-        raise ValueError(
-            f"feature {index} input_ids must be a non-empty 1-D list of ids >= 0; "
-            f"got {feature['input_ids']!r:.200}"
-        )
-    hf_labels = torch.as_tensor(feature.get("labels", ids)).long()
-    if hf_labels.shape != ids.shape:
-        raise ValueError(
-            f"feature {index} has {hf_labels.numel()} labels for {ids.numel()} input_ids"
-        )
-    pieces = []
-    for start in range(0, ids.numel(), seq_len):
-        piece_labels = hf_labels[start : start + seq_len]
-        targets = torch.full_like(piece_labels, IGNORE_INDEX)
-        targets[:-1] = piece_labels[1:]  # the piece's last token has no target within it
-        pieces.append((ids[start : start + seq_len].long(), targets))
-    return pieces
-
-
-def _fill_rows(pieces: list[tuple[Tensor, Tensor]], seq_len: int) -> list[list]:
-    """Lay pieces end to end in order; one that does not fit starts a new row."""
-    rows, used = [[]], 0
-    for piece in pieces:
-        if used + piece[0].numel() > seq_len:
-            rows, used = rows + [[]], 0
-        rows[-1].append(piece)
-        used += piece[0].numel()
-    return rows
 
 
 def _lengths_from_ends(is_end: Tensor) -> Tensor:
@@ -383,7 +273,7 @@ def _check_tensor(name: str, t: Tensor, ndim: int) -> None:
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.ndim != ndim:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {ndim} dimensions")
-    if t.dtype not in _INT_DTYPES:
+    if t.dtype not in INT_DTYPES:
         raise ValueError(f"{name} has dtype {t.dtype}, expected an integer dtype")
 
 
