@@ -332,3 +332,13 @@ def test_backend_registry_names():
     assert [(name, b.name) for name, b in backends().items()] == [
         (name, name) for name in ATTENTION_BACKENDS
     ]
+
+
+def test_flex_asks_whole_blocks_per_context_parallel_chunk():
+    flex, cuda = get_backend("flex"), torch.device("cuda")  # a check only: nothing runs
+    with pytest.raises(ValueError, match=r"L=256 to be a multiple of 4 chunk\(s\) x 128 = 512"):
+        flex.check(cuda, 256, chunks=4)
+    flex.check(cuda, 512, chunks=4)
+    flex.check(cuda, L)  # a whole row needs no whole blocks outside training
+    with pytest.raises(ValueError, match="multiple of 1 chunk"):
+        flex.check(cuda, L, training=True)

@@ -18,7 +18,7 @@ from longctx.data import DataConfig, LongCtxDataModule
 from longctx.data.corpus import default_corpus_dir
 from longctx.data.prepare import prepare
 from longctx.data.shards import ShardSet
-from longctx.data.streams import DocumentStream, RowStream, merge_rank_states
+from longctx.data.streams import DocumentStream, RowStream, StreamBatch, merge_rank_states
 
 
 @pytest.fixture(scope="session")
@@ -401,3 +401,11 @@ def test_bad_configuration_fails_before_training(tmp_path):
 
 def test_config_is_a_plain_dataclass():
     assert dataclasses.asdict(DataConfig())["packer"] == "best_fit"
+
+
+def test_train_batches_declare_their_origin_and_keep_it_when_moved(tmp_path):
+    dm = module(small_corpus(tmp_path), seq_len=64)
+    (batch,) = take(dm, 1)
+    moved = batch.to("cpu")
+    assert isinstance(moved, StreamBatch) and moved.origin == batch.origin
+    assert batch.origin.first == 0 and batch.origin.position.batches == 1
