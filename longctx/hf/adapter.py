@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
+from longctx.dtypes import dtype_named
 from longctx.model.attention import (
     AttentionMetadata,
     attention,
@@ -50,7 +51,6 @@ STATEFUL_MODEL_TYPES = frozenset(
     }
 )  # fmt: skip
 SOFTMAX_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class UnsupportedModelError(ValueError):
@@ -331,8 +331,7 @@ def load_hf_causal_lm(
     """Load AutoModelForCausalLM from a local folder (no downloads) wrapped as HFCausalLM."""
     from transformers import AutoModelForCausalLM
 
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r}; expected one of {sorted(_DTYPES)}")
+    torch_dtype = dtype_named(dtype)
     config = load_hf_config(path, **(config_overrides or {}))
     register_longctx_attention()
     hf_model = AutoModelForCausalLM.from_pretrained(
@@ -340,7 +339,7 @@ def load_hf_causal_lm(
         config=config,
         local_files_only=True,
         attn_implementation=ATTN_IMPLEMENTATION,
-        dtype=_DTYPES[dtype],
+        dtype=torch_dtype,
     )
     return HFCausalLM(hf_model, attn_backend, loss_chunk_size, activation_checkpointing)
 
@@ -362,8 +361,7 @@ class HFModelSpec:
 
     def __post_init__(self) -> None:
         check_backend_name(self.attn_backend)
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype={self.dtype!r}; expected one of {sorted(_DTYPES)}")
+        dtype_named(self.dtype)  # fail now on a typo
         self.config_overrides = dict(self.config_overrides or {})
         _ = self.hf_config  # fail now on a missing folder or a refused family
 
