@@ -169,7 +169,7 @@ def bench_case(length: int, rows: list[list[int]], args) -> dict:
             cpu[name].append(c)
     best_wall = {name: min(ts) for name, ts in wall.items()}
     best_cpu = {name: min(ts) for name, ts in cpu.items()}
-    plan = sdpa_meta.sdpa_plan
+    plan = sdpa_meta.data.plan
     return {
         "L": length,
         "B": len(rows),

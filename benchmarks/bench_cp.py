@@ -36,7 +36,7 @@ import torch.multiprocessing as mp
 
 from longctx.batch import PackedBatch
 from longctx.model import Llama, LlamaConfig
-from longctx.model.context_parallel import gather_row
+from longctx.model.context_parallel import context_shard, gather_row
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_step import make_batch  # noqa: E402  (one row of lognormal documents)
@@ -63,7 +63,7 @@ def balance(length: int, size: int, rows: int, rounds: tuple[int, ...]) -> dict:
         batch = make_batch(length, seed=seed)
         work = keys_per_query(batch)
         for k in rounds:
-            shards = [batch.context_shard(r, size, rounds=k) for r in range(size)]
+            shards = [context_shard(batch, r, size, rounds=k) for r in range(size)]
             per_rank = [work[s.global_index.numpy()].sum() for s in shards]
             ratios[f"head_tail_k{k}"].append(max(per_rank) / min(per_rank))
         blocks = work.reshape(size, -1).sum(1)
@@ -114,7 +114,7 @@ def rank_worker(rank, size, rounds, length, steps, port, queue) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=size)
     group = dist.group.WORLD if size > 1 else None
     batch = make_batch(length, seed=0)
-    shard = batch.context_shard(rank, size, group, rounds) if size > 1 else batch
+    shard = context_shard(batch, rank, size, group, rounds) if size > 1 else batch
     times = train_steps(tiny_model(), shard, steps, group)
     result = {"rank": rank, "step_s": statistics.median(times), "peak_rss_gib": peak_rss_gib()}
     if size > 1:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from longctx.data import DataConfig, LongCtxDataModule
 from longctx.data.corpus import default_corpus_dir
-from longctx.data.datamodule import DataConfig, LongCtxDataModule
 from longctx.data.prepare import prepare
-from longctx.data.shards import atomic_write_bytes
+from longctx.io import atomic_write_bytes
 
 RESULTS = Path(__file__).parent / "results" / "data.json"
 

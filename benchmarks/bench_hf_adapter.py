@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from longctx.batch import PackedBatch
-from longctx.hf_adapter import load_hf_causal_lm
+from longctx.hf.adapter import load_hf_causal_lm
 from longctx.model import Llama
 
 RESULTS = Path(__file__).parent / "results"

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from longctx.data.corpus import chapters, kjv_source_path
 from longctx.data.prepare import prepare
-from longctx.data.shards import atomic_write_bytes, load_manifest
+from longctx.data.shards import load_manifest
+from longctx.io import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "prepare.json"

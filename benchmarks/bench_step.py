@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.cpu_memory import retain_freed_memory
+from longctx.hf.checkpoint import config_to_hf, to_hf_name
 from longctx.model import Llama, LlamaConfig, estimate_flops
-from longctx.model.hf import config_to_hf, to_hf_name
 
 RESULTS = Path(__file__).parent / "results"
 HF_PACKED_MAX_LEN = 16384  # above this its dense [L, L] mask would not fit: reported n/a

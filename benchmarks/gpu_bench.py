@@ -117,14 +117,18 @@ def attention_variants(batch: PackedBatch, setup: Setup) -> dict[str, AttentionM
     variants: dict[str, AttentionMetadata] = {}
     for impl in available_flash_impls(setup.device):
         meta = build_attention_metadata(batch, "flash")
-        variants[f"flash/{impl}"] = dataclasses.replace(meta, flash_impl=impl)
+        variants[f"flash/{impl}"] = dataclasses.replace(
+            meta, data=dataclasses.replace(meta.data, impl=impl)
+        )
     if setup.device.type == "cuda":
         variants["flex"] = build_attention_metadata(batch, "flex")
     sdpa = build_attention_metadata(batch, "sdpa")
     variants["sdpa"] = sdpa
     for budget in (32**2, 128**2, 1024**2):
         plan = build_sdpa_plan(batch, pad_budget=budget)
-        variants[f"sdpa/pad{int(math.sqrt(budget))}^2"] = dataclasses.replace(sdpa, sdpa_plan=plan)
+        variants[f"sdpa/pad{int(math.sqrt(budget))}^2"] = dataclasses.replace(
+            sdpa, data=dataclasses.replace(sdpa.data, plan=plan)
+        )
     return variants
 
 

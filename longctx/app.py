@@ -41,7 +41,8 @@ from longctx.distributed.slurm import (
 )
 from longctx.loggers import make_loggers
 from longctx.model import Llama, LlamaConfig
-from longctx.model.attention import resolve_backend
+from longctx.model.attention import get_backend, resolve_backend
+from longctx.model.context_parallel import check_context_parallel as split_context
 from longctx.run_folder import (
     RunFolderBusy,
     RunFolderLock,
@@ -148,73 +149,41 @@ def check_topology(trainer_cfg: DictConfig) -> None:
         raise ConfigError(str(err)) from err
 
 
-def check_backend(model_config: LlamaConfig, seq_len: int, device: torch.device) -> None:
-    check_model_seq_len(model_config, seq_len)
-    if seq_len > model_config.max_seq_len:
-        raise ConfigError(
-            f"data.seq_len={seq_len} exceeds the model's RoPE range "
-            f"model.max_seq_len={model_config.max_seq_len}"
-        )
-    if model_config.attn_backend == "flex" and seq_len % 128:
-        raise ConfigError(
-            f"data.seq_len={seq_len} must be a multiple of 128 for attn_backend=flex "
-            "(FlexAttention's block size)"
-        )
+def check_backend(
+    model_config, seq_len: int, device: torch.device, context_chunks: int = 1
+) -> None:
+    """Ask the owners: the model spec (its length limit, an HF model's window) and the attention
+    backend (device, lengths, training), for rows of ``seq_len`` cut into ``context_chunks``."""
     try:
-        backend = resolve_backend(model_config.attn_backend, device)
-    except (ValueError, RuntimeError) as err:
-        raise ConfigError(f"model.attn_backend={model_config.attn_backend}: {err}") from err
-    if backend == "flex" and device.type == "cpu":
-        raise ConfigError(
-            "model.attn_backend=flex cannot train on cpu: PyTorch has no CPU FlexAttention "
-            "backward; use model.attn_backend=sdpa"
-        )
-
-
-def check_model_seq_len(model_config, seq_len: int) -> None:
-    """A model spec's own sequence-length check (an HF model's sliding window, say)."""
-    check = getattr(model_config, "preflight", None)
-    if check is None:
-        return
-    try:
-        check(seq_len)
+        model_config.check_seq_len(seq_len)
     except ValueError as err:
-        raise ConfigError(f"model: {err}") from err
+        raise ConfigError(f"data.seq_len={seq_len}: {err}") from err
+    name = model_config.attn_backend
+    try:
+        backend = get_backend(resolve_backend(name, device))
+        backend.check(device, seq_len, chunks=context_chunks, training=True)
+    except (ValueError, RuntimeError) as err:
+        raise ConfigError(f"model.attn_backend={name}, data.seq_len={seq_len}: {err}") from err
 
 
-def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> None:
+def check_context_parallel(
+    trainer_cfg: DictConfig, model_config, seq_len: int, size: int, rounds: int
+) -> None:
     """trainer.context_parallel (ranks that split each row) and trainer.context_parallel_rounds
     (head-tail rounds per row) can work with this world, sequence length and model."""
-    size = cfg.trainer.get("context_parallel", 1)
-    rounds = cfg.trainer.get("context_parallel_rounds", 1)
-    for key, value in (("context_parallel", size), ("context_parallel_rounds", rounds)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"trainer.{key}={value!r}; expected an int >= 1")
-    if size == 1:
-        return
-    world = world_size(cfg.trainer)
-    if world is not None and (size > world or world % size):
-        raise ConfigError(
-            f"trainer.context_parallel={size} must divide the world size {world} "
-            f"(trainer.devices={cfg.trainer.devices} x trainer.num_nodes="
-            f"{cfg.trainer.get('num_nodes', 1)}): each row is split over that many ranks"
+    try:
+        split_context(
+            size, rounds, seq_len=seq_len if size > 1 else None, world=world_size(trainer_cfg)
         )
-    chunks = 2 * size * rounds
-    if seq_len % chunks:
+    except ValueError as err:
         raise ConfigError(
-            f"data.seq_len={seq_len} must be a multiple of 2 x trainer.context_parallel x "
-            f"trainer.context_parallel_rounds = {chunks}: every row is cut into that many chunks"
-        )
-    if not isinstance(model_config, LlamaConfig):
+            f"trainer.context_parallel={size}, trainer.context_parallel_rounds={rounds}: {err}"
+        ) from err
+    if size > 1 and not isinstance(model_config, LlamaConfig):
         raise ConfigError(
             f"trainer.context_parallel={size}: only longctx's Llama (model=tiny/llama3_*) "
             "supports context parallelism; a Hugging Face model's attention cannot take a row "
             "split over ranks"
-        )
-    if model_config.attn_backend == "flex" and seq_len % (chunks * 128):
-        raise ConfigError(
-            f"data.seq_len={seq_len} must be a multiple of {chunks} chunks x 128 = "
-            f"{chunks * 128} for attn_backend=flex (whole FlexAttention blocks per chunk)"
         )
 
 
@@ -276,12 +245,15 @@ def instantiate_config(group: str, node: DictConfig):
         raise ConfigError(f"{group}: {err}") from err
 
 
-def preflight(cfg: DictConfig, model_config: LlamaConfig, seq_len: int) -> torch.device:
+def preflight(
+    cfg: DictConfig, model_config, seq_len: int, context_parallel: int, rounds: int
+) -> torch.device:
     device = training_device(cfg.trainer)
     check_devices(cfg.trainer, device)
     check_topology(cfg.trainer)
-    check_backend(model_config, seq_len, device)
-    check_context_parallel(cfg, model_config, seq_len)
+    check_context_parallel(cfg.trainer, model_config, seq_len, context_parallel, rounds)
+    chunks = 2 * context_parallel * rounds if context_parallel > 1 else 1
+    check_backend(model_config, seq_len, device, chunks)
     check_init_from(model_config)
     if not cfg.dry_run:
         check_memory(model_config, cfg.trainer, device)
@@ -337,11 +309,15 @@ def writes_run_folder() -> bool:
 
 def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     from longctx.data import LongCtxDataModule
+    from longctx.eval.baselines import unigram_baseline
     from longctx.module import LongCtxModule
 
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
-    device = preflight(cfg, model_config, data_config.seq_len)
+    context_parallel, context_parallel_rounds = pop_context_parallel(cfg)
+    device = preflight(
+        cfg, model_config, data_config.seq_len, context_parallel, context_parallel_rounds
+    )
     if cfg.dry_run:
         return dry_run_report(model_config, cfg)
     identity = run_identity(model_config, data_config)
@@ -355,7 +331,6 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         print(arm_description(data_config.reset_position_ids, data_config.document_mask))
 
     L.seed_everything(cfg.seed, workers=True)
-    context_parallel, context_parallel_rounds = pop_context_parallel(cfg)
     datamodule = LongCtxDataModule(data_config, context_parallel=context_parallel)
     datamodule.prepare_data()
     try:
@@ -395,7 +370,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     finish_preemption(trainer, output_dir)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if "val/loss" in metrics and trainer.is_global_zero:
-        metrics["unigram_baseline"] = datamodule.unigram_baseline()
+        metrics["unigram_baseline"] = unigram_baseline(datamodule.folders()[0])
         print(
             f"val/loss {metrics['val/loss']:.4f} nats/token, unigram baseline "
             f"{metrics['unigram_baseline']:.4f}"

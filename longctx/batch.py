@@ -21,7 +21,7 @@ IGNORE_INDEX = -100
 DENSE_MASK_MAX_LEN = 8192
 
 # unsigned too: token shards are uint16/uint32 on disk, and torch.from_numpy keeps that dtype
-_INT_DTYPES = (
+INT_DTYPES = (
     torch.int8,
     torch.int16,
     torch.int32,
@@ -114,45 +114,6 @@ class PackedBatch:
         positions = position_ids_for(seq_lens, tokens.shape[1], reset_position_ids)
         return cls(tokens, labels, positions, seq_lens)
 
-    @classmethod
-    def from_features(
-        cls,
-        features: Sequence[dict],
-        seq_len: int,
-        reset_position_ids: bool,
-        pad_id: int = 0,
-    ) -> PackedBatch:
-        """Flatten HF-style features (``{"input_ids": [...], "labels": [...]?}``) into rows.
-
-        The flattening-collator use case: features are laid end to end, in order, each one a
-        segment; a feature that does not fit in what is left of a row starts the next row, and
-        a row that is not full gets a pad tail (``pad_id``, no loss) as a segment of its own.
-        Labels stay within a feature: without ``labels`` each token's target is the next token
-        of its feature; with ``labels`` (HF's unshifted convention, -100 = no loss) the target
-        of token i is ``labels[i + 1]``. A feature longer than ``seq_len`` is split into pieces
-        of at most ``seq_len`` tokens, each its own segment (never dropped, never truncated);
-        the last token of each piece has no target. Positions are continuous 0..L-1 along the
-        row unless ``reset_position_ids``.
-        """
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(f"seq_len={seq_len!r}; expected a positive int")
-        pieces = [
-            piece
-            for i, feature in enumerate(_check_features(features))
-            for piece in _feature_pieces(i, feature, seq_len)
-        ]
-        rows = _fill_rows(pieces, seq_len)
-        tokens = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
-        labels = torch.full_like(tokens, IGNORE_INDEX)
-        lengths = []
-        for r, row in enumerate(rows):
-            ids, targets = torch.cat([p[0] for p in row]), torch.cat([p[1] for p in row])
-            tokens[r, : ids.numel()], labels[r, : ids.numel()] = ids, targets
-            lengths.append([p[0].numel() for p in row])
-        seq_lens = _with_remainder_segment(_as_lengths_tensor(lengths), tokens.shape)
-        positions = position_ids_for(seq_lens, seq_len, reset_position_ids)
-        return cls(tokens, labels, positions, seq_lens)
-
     # ------------------------------------------------------------ derived, cached
     @property
     def shape(self) -> tuple[int, int]:
@@ -192,41 +153,10 @@ class PackedBatch:
     def to_dense_mask(self) -> Tensor:
         """bool [B, L, L], True where query i may attend to key j (the test reference)."""
         length = self.shape[1]
-        if length > DENSE_MASK_MAX_LEN:
-            raise ValueError(
-                f"to_dense_mask() refuses L={length}: the [B, L, L] mask is quadratic in memory; "
-                f"it is a test reference for L <= {DENSE_MASK_MAX_LEN}"
-            )
+        check_dense_mask_len(length, "to_dense_mask()")
         same_doc = self.doc_ids[:, :, None] == self.doc_ids[:, None, :]
         causal = torch.ones(length, length, dtype=torch.bool, device=self.tokens.device).tril()
         return same_doc & causal
-
-    # ------------------------------------------------------------ transformers
-    def to_hf_kwargs(self) -> dict:
-        """Keyword arguments for a stock transformers causal LM's forward.
-
-        ``labels`` follow HF's unshifted convention (the model shifts them: target of i is
-        ``labels[i + 1]``); ``shift_labels`` are this batch's own (already shifted) labels,
-        which transformers' causal-LM loss uses as given, so a target at the last position is
-        not lost. ``cu_seq_lens_q/k`` (int32, over the flattened B*L tokens) and
-        ``max_length_q/k`` make transformers' flash-attention path run varlen per segment
-        instead of guessing boundaries from position ids, so continuous positions are masked
-        too. Other attention implementations (sdpa, eager) ignore them and mask documents only
-        when position ids reset; pass ``use_cache=False``.
-        """
-        hf_labels = torch.full_like(self.labels, IGNORE_INDEX)
-        hf_labels[:, 1:] = self.labels[:, :-1]
-        cu_seqlens = self.cu_seqlens.to(self.tokens.device)
-        return {
-            "input_ids": self.tokens,
-            "position_ids": self.position_ids,
-            "labels": hf_labels,
-            "shift_labels": self.labels,
-            "cu_seq_lens_q": cu_seqlens,
-            "cu_seq_lens_k": cu_seqlens,
-            "max_length_q": self.max_seqlen,
-            "max_length_k": self.max_seqlen,
-        }
 
     # ------------------------------------------------------------------ movement
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
@@ -243,122 +173,17 @@ class PackedBatch:
         )
         return out
 
-    # ------------------------------------------------------- context parallelism
-    def context_shard(self, rank: int, size: int, group=None, rounds: int = 1) -> ContextShard:
-        """Rank ``rank``'s share of every row when ``size`` ranks split each row.
-
-        A row is cut into 2*size chunks and the rank takes chunks ``rank`` and
-        ``2*size-1-rank``: an early chunk (little causal work) paired with a late one (much).
-        With ``rounds`` = k > 1 the row is cut into k segments of 2*size chunks each and the rank
-        takes that pair in every segment: finer interleaving, which evens out document-masked
-        work, where a rank's cost is the sum of its pieces' squared lengths, not its position.
-        Tokens, labels and position ids are sliced with the chunks; segments are cut at the
-        chunk edges into pieces, and every piece records how many tokens of its document
-        precede it on other chunks: the keys it must fetch from other ranks. Documents may have
-        any length and cross any chunk edge. ``group``: the process group of the ``size`` ranks
-        (group rank = ``rank``), needed by the model to gather keys and values when size > 1.
-        """
-        b, length = self.shape
-        _check_context_split(rank, size, length, rounds)
-        c = length // (2 * size * rounds)
-        chunks = [(g * c, (g + 1) * c) for g in context_chunks(rank, size, rounds)]
-        local_idx = torch.cat([torch.arange(lo, hi) for lo, hi in chunks])
-        pieces = [_chunk_pieces(row[row > 0], chunks) for row in self.seq_lens.cpu().numpy()]
-        width = max(len(lens) for lens, _ in pieces)
-        lens, prefixes = (
-            torch.tensor([p[i] + [0] * (width - len(p[i])) for p in pieces], dtype=torch.int32)
-            for i in (0, 1)
-        )
-        device = self.tokens.device
-        local_idx = local_idx.to(device)
-        return ContextShard(
-            tokens=self.tokens[:, local_idx],
-            labels=self.labels[:, local_idx],
-            position_ids=self.position_ids[:, local_idx],
-            seq_lens=lens.to(device),
-            key_prefix_lens=prefixes.to(device),
-            row_seq_lens=self.seq_lens,
-            cp_rank=rank,
-            cp_size=size,
-            group=group,
-            cp_rounds=rounds,
-        )
-
-
-def context_chunks(rank: int, size: int, rounds: int = 1) -> list[int]:
-    """The row chunks (of 2 * size * rounds) that context-parallel ``rank`` holds, in order."""
-    per_round = 2 * size
-    return [j * per_round + i for j in range(rounds) for i in (rank, per_round - 1 - rank)]
-
-
-@dataclasses.dataclass
-class ContextShard(PackedBatch):
-    """One rank's share of a PackedBatch under context parallelism (PackedBatch.context_shard).
-
-    tokens, labels, position_ids [B, L/N] the rank's 2k chunks of c tokens of each row, in
-                             row order (k = cp_rounds; chunks context_chunks(cp_rank, cp_size, k))
-    seq_lens        [B, S]   the local tokens cut into pieces: a segment's tokens in one chunk
-    key_prefix_lens [B, S]   tokens of each piece's segment that precede the piece in the row
-    row_seq_lens    [B, S']  the whole rows' segment lengths
-    group                    process group of the cp_size ranks (None when cp_size == 1)
-
-    Attention: a local query attends causally to its own piece and to its segment's earlier
-    tokens, which may live on other ranks' chunks (``key_prefix_lens`` of them).
-    """
-
-    key_prefix_lens: Tensor
-    row_seq_lens: Tensor
-    cp_rank: int
-    cp_size: int
-    group: object = None
-    cp_rounds: int = 1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.key_prefix_lens.shape != self.seq_lens.shape:
-            raise ValueError(
-                f"key_prefix_lens has shape {tuple(self.key_prefix_lens.shape)}, expected the "
-                f"shape of seq_lens {tuple(self.seq_lens.shape)}"
-            )
-        _check_context_split(self.cp_rank, self.cp_size, self.row_len, self.cp_rounds)
-
-    @property
-    def chunk_len(self) -> int:
-        return self.shape[1] // (2 * self.cp_rounds)
-
-    @property
-    def row_len(self) -> int:
-        return self.shape[1] * self.cp_size
-
-    @cached_property
-    def global_index(self) -> Tensor:
-        """int64 [L/N]: the row position of each local token."""
-        c, device = self.chunk_len, self.tokens.device
-        chunks = torch.tensor(context_chunks(self.cp_rank, self.cp_size, self.cp_rounds))
-        return (chunks.to(device)[:, None] * c + torch.arange(c, device=device)).flatten()
-
-    @cached_property
-    def row_doc_ids(self) -> Tensor:
-        """int64 [B, row_len]: the segment index of every token of the whole rows."""
-        b, s = self.row_seq_lens.shape
-        ids = torch.arange(s, device=self.row_seq_lens.device).repeat(b)
-        return ids.repeat_interleave(self.row_seq_lens.flatten().long()).view(b, self.row_len)
-
-    def to_dense_mask(self) -> Tensor:
-        """bool [B, row_len / cp_size, row_len], True where local query i may attend to row key j."""
-        if self.row_len > DENSE_MASK_MAX_LEN:
-            raise ValueError(
-                f"to_dense_mask() refuses row_len={self.row_len} > {DENSE_MASK_MAX_LEN}: the mask "
-                "is quadratic in memory; it is a test reference"
-            )
-        q_pos = self.global_index.to(self.row_doc_ids.device)
-        q_doc = self.row_doc_ids[:, q_pos]
-        same_doc = q_doc[:, :, None] == self.row_doc_ids[:, None, :]
-        keys = torch.arange(self.row_len, device=q_pos.device)
-        return same_doc & (keys[None, :] <= q_pos[:, None])
-
 
 # --------------------------------------------------------------------------- helpers
+def check_dense_mask_len(length: int, who: str) -> None:
+    """The one length limit of dense [B, L, L] masks and scores (quadratic in memory)."""
+    if length > DENSE_MASK_MAX_LEN:
+        raise ValueError(
+            f"{who} refuses L={length} > {DENSE_MASK_MAX_LEN}: a dense [B, L, L] mask or score "
+            "tensor is quadratic in memory; use 'sdpa' on CPU, 'flex' or 'flash' on GPU"
+        )
+
+
 def position_ids_for(seq_lens: Tensor, length: int, reset_position_ids: bool) -> Tensor:
     """int64 [B, L] position ids: restart at each segment, or 0..L-1 along the row."""
     b = seq_lens.shape[0]
@@ -383,50 +208,6 @@ def labels_within_segments(tokens: Tensor, seq_lens: Tensor) -> Tensor:
     valid = seq_lens > 0
     labels[rows[valid], ends[valid]] = IGNORE_INDEX
     return labels
-
-
-def _check_features(features: Sequence[dict]) -> Sequence[dict]:
-    if isinstance(features, dict) or not isinstance(features, Sequence) or not features:
-        raise ValueError(
-            f"features must be a non-empty list of dicts with 'input_ids'; got {type(features)}"
-        )
-    for i, feature in enumerate(features):
-        if not isinstance(feature, dict) or "input_ids" not in feature:
-            raise ValueError(f"feature {i} has no 'input_ids': {feature!r:.200}")
-    return features
-
-
-def _feature_pieces(index: int, feature: dict, seq_len: int) -> list[tuple[Tensor, Tensor]]:
-    """(input ids, shifted targets) of one feature, split into pieces of <= seq_len tokens."""
-    ids = torch.as_tensor(feature["input_ids"])
-    if ids.ndim != 1 or ids.numel() == 0 or ids.dtype not in _INT_DTYPES or bool((ids < 0).any()):
-        raise ValueError(
-            f"feature {index} input_ids must be a non-empty 1-D list of ids >= 0; "
-            f"got {feature['input_ids']!r:.200}"
-        )
-    hf_labels = torch.as_tensor(feature.get("labels", ids)).long()
-    if hf_labels.shape != ids.shape:
-        raise ValueError(
-            f"feature {index} has {hf_labels.numel()} labels for {ids.numel()} input_ids"
-        )
-    pieces = []
-    for start in range(0, ids.numel(), seq_len):
-        piece_labels = hf_labels[start : start + seq_len]
-        targets = torch.full_like(piece_labels, IGNORE_INDEX)
-        targets[:-1] = piece_labels[1:]  # the piece's last token has no target within it
-        pieces.append((ids[start : start + seq_len].long(), targets))
-    return pieces
-
-
-def _fill_rows(pieces: list[tuple[Tensor, Tensor]], seq_len: int) -> list[list]:
-    """Lay pieces end to end in order; one that does not fit starts a new row."""
-    rows, used = [[]], 0
-    for piece in pieces:
-        if used + piece[0].numel() > seq_len:
-            rows, used = rows + [[]], 0
-        rows[-1].append(piece)
-        used += piece[0].numel()
-    return rows
 
 
 def _lengths_from_ends(is_end: Tensor) -> Tensor:
@@ -480,35 +261,6 @@ def _with_remainder_segment(seq_lens: Tensor, tokens_shape: torch.Size) -> Tenso
     return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
 
 
-def _check_context_split(rank: int, size: int, length: int, rounds: int) -> None:
-    for name, value in (("rank", rank), ("size", size), ("rounds", rounds)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"context parallel {name}={value!r}; expected an int")
-    if size < 1 or rounds < 1 or not 0 <= rank < size:
-        raise ValueError(
-            f"context parallel rank={rank}, size={size}, rounds={rounds}; expected size >= 1, "
-            "rounds >= 1, 0 <= rank < size"
-        )
-    if length % (2 * size * rounds):
-        raise ValueError(
-            f"a row of L={length} tokens cannot be split over context parallel size {size} in "
-            f"{rounds} round(s): L must be a multiple of 2*size*rounds={2 * size * rounds} "
-            "(each rank takes two equal chunks per round)"
-        )
-
-
-def _chunk_pieces(row_lens: np.ndarray, chunks: list[tuple[int, int]]):
-    """(piece lengths, key prefix lengths) of a row's segments cut at the chunks' edges."""
-    ends = np.cumsum(row_lens)
-    lens, prefixes = [], []
-    for lo, hi in chunks:
-        bounds = np.concatenate(([lo], ends[(ends > lo) & (ends < hi)], [hi]))
-        first = int(np.searchsorted(ends, lo, side="right"))  # the segment holding token lo
-        lens += np.diff(bounds).tolist()
-        prefixes += [lo - int(ends[first] - row_lens[first])] + [0] * (len(bounds) - 2)
-    return lens, prefixes
-
-
 def _check_tokens(name: str, t: Tensor) -> None:
     """[B, L] integer ids with at least one row."""
     _check_tensor(name, t, ndim=2)
@@ -521,7 +273,7 @@ def _check_tensor(name: str, t: Tensor, ndim: int) -> None:
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.ndim != ndim:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {ndim} dimensions")
-    if t.dtype not in _INT_DTYPES:
+    if t.dtype not in INT_DTYPES:
         raise ValueError(f"{name} has dtype {t.dtype}, expected an integer dtype")
 
 

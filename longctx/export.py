@@ -83,7 +83,7 @@ def _read(checkpoint: Path, config: LlamaConfig) -> Llama:
 
 
 def _write(model: Llama, folder: Path, max_shard_size: str, tokenizer) -> None:
-    from longctx.model.hf import save_hf
+    from longctx.hf.checkpoint import save_hf
 
     specials = {}
     if tokenizer is None:

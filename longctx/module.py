@@ -24,13 +24,14 @@ from longctx.batch import PackedBatch
 from longctx.distributed.context import context_parallel_group
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
-from longctx.model import Llama, LlamaConfig, estimate_flops
-from longctx.model.context_parallel import gather_row
+from longctx.model import Llama, LlamaConfig
+from longctx.model.context_parallel import context_shard, gather_row
+from longctx.model.interface import PackedCausalLM
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
-# a LlamaConfig, or a factory for any nn.Module with loss(batch) and token_loss(batch)
-# (e.g. longctx.hf_adapter.HFModelSpec, which loads a Hugging Face causal LM)
+# a LlamaConfig, or a factory for any PackedCausalLM
+# (e.g. longctx.hf.HFModelSpec, which loads a Hugging Face causal LM)
 ModelSpec = LlamaConfig | Callable[[], nn.Module]
 
 
@@ -50,11 +51,10 @@ def build_model(spec: ModelSpec) -> nn.Module:
             f"model_config must be a LlamaConfig or a model factory; got {type(spec).__name__}"
         )
     model = spec()
-    missing = [m for m in ("loss", "token_loss") if not callable(getattr(model, m, None))]
-    if not isinstance(model, nn.Module) or missing:
+    if not isinstance(model, PackedCausalLM):
         raise TypeError(
-            f"the model factory {spec!r:.200} built a {type(model).__name__}; expected an "
-            f"nn.Module with loss(batch) and token_loss(batch) (missing: {missing})"
+            f"the model factory {spec!r:.200} built a {type(model).__name__}; expected a "
+            "longctx.model.interface.PackedCausalLM (hidden_states, output_weight, estimate_flops)"
         )
     return model
 
@@ -151,8 +151,8 @@ class LongCtxModule(L.LightningModule):
         if self.context_parallel == 1:
             return batch
         rank = torch.distributed.get_rank(self.cp_group)
-        return batch.context_shard(
-            rank, self.context_parallel, self.cp_group, self.context_parallel_rounds
+        return context_shard(
+            batch, rank, self.context_parallel, self.cp_group, self.context_parallel_rounds
         )
 
     def configure_model(self) -> None:
@@ -261,14 +261,8 @@ class LongCtxModule(L.LightningModule):
         self._num_targets += num_tokens
         self._num_input_tokens += batch.tokens.numel() // self.context_parallel
         if self.peak_flops_per_device:
-            self._flops += self._estimate_flops(batch) / self.context_parallel
+            self._flops += self.model.estimate_flops(batch.seq_lens) / self.context_parallel
         self._batch_stats.append(self._packing_stats(batch))
-
-    def _estimate_flops(self, batch: PackedBatch) -> float:
-        if isinstance(self.model_config, LlamaConfig):
-            return estimate_flops(self.model_config, batch.seq_lens)
-        estimate = getattr(self.model, "estimate_flops", None)  # factory-built models may lack it
-        return estimate(batch.seq_lens) if estimate is not None else float("nan")
 
     def _optimizer_step(self) -> None:
         opt, sched = self.optimizers(), self.lr_schedulers()

@@ -24,7 +24,7 @@ from helpers import assert_close_scaled
 from longctx.batch import PackedBatch
 from longctx.distributed.context import context_parallel_group, data_parallel_rank_and_size
 from longctx.model import Llama, LlamaConfig
-from longctx.model.context_parallel import gather_row
+from longctx.model.context_parallel import context_shard, gather_row
 
 L = 240
 ROWS = [[7, 50, 1, 33, 90, 59], [240], [13] * 17 + [19]]  # one 240-token document > a chunk
@@ -74,7 +74,7 @@ def distributed(model, batches, context_parallel: int, rounds: int) -> dict[str,
     replica, replicas = data_parallel_rank_and_size(
         dist.get_rank(), dist.get_world_size(), context_parallel
     )
-    shard = batches[replica].context_shard(dist.get_rank(group), context_parallel, group, rounds)
+    shard = context_shard(batches[replica], dist.get_rank(group), context_parallel, group, rounds)
     out = results(model, shard)
     for key, value in out.items():
         if key != "logits":

@@ -12,13 +12,15 @@ from torch.nn.attention.flex_attention import create_block_mask
 
 from longctx.batch import DENSE_MASK_MAX_LEN, PackedBatch
 from longctx.model.attention import (
-    ATTENTION_BACKENDS,
     AttentionMetadata,
     attention,
+    backends,
     build_attention_metadata,
+    get_backend,
     resolve_backend,
 )
 from longctx.model.attention_flex import build_document_block_mask
+from longctx.model.attention_names import ATTENTION_BACKENDS
 from longctx.model.attention_sdpa import (
     PAD_BUDGET_TOKENS2,
     build_sdpa_plan,
@@ -279,7 +281,7 @@ def test_long_sequences_refused_by_dense_backends_on_cpu():
 
 
 def test_flash_refuses_fp32_naming_dtype():
-    meta = AttentionMetadata("flash", 1, L, torch.device("cpu"))
+    meta = AttentionMetadata(get_backend("flash"), 1, L, torch.device("cpu"))
     q, k, v = make_qkv(1)
     with pytest.raises(ValueError, match="'flash' does not support dtype torch.float32"):
         attention(q, k, v, meta)
@@ -327,3 +329,16 @@ def test_device_mismatch_is_an_error():
 
 def test_backend_registry_names():
     assert ATTENTION_BACKENDS == ("flash", "flex", "sdpa", "eager")
+    assert [(name, b.name) for name, b in backends().items()] == [
+        (name, name) for name in ATTENTION_BACKENDS
+    ]
+
+
+def test_flex_asks_whole_blocks_per_context_parallel_chunk():
+    flex, cuda = get_backend("flex"), torch.device("cuda")  # a check only: nothing runs
+    with pytest.raises(ValueError, match=r"L=256 to be a multiple of 4 chunk\(s\) x 128 = 512"):
+        flex.check(cuda, 256, chunks=4)
+    flex.check(cuda, 512, chunks=4)
+    flex.check(cuda, L)  # a whole row needs no whole blocks outside training
+    with pytest.raises(ValueError, match="multiple of 1 chunk"):
+        flex.check(cuda, L, training=True)

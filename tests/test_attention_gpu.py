@@ -56,7 +56,9 @@ def variant_metadata(name: str, impl: str | None, batch: PackedBatch) -> Attenti
     if impl is not None and impl not in available_flash_impls(torch.device("cuda")):
         pytest.skip(f"flash implementation {impl!r} is not available on this machine")
     meta = build_attention_metadata(batch, backend)
-    return meta if impl is None else dataclasses.replace(meta, flash_impl=impl)
+    if impl is None:
+        return meta
+    return dataclasses.replace(meta, data=dataclasses.replace(meta.data, impl=impl))
 
 
 def forward_and_grads(meta, q, k, v, grad_out):
@@ -118,8 +120,8 @@ def test_compiled_flex_does_not_recompile_for_a_new_layout():
 
 def test_sdpa_plan_and_metadata_live_on_the_gpu():
     meta = build_attention_metadata(cuda_batch(), "sdpa")
-    plan = meta.sdpa_plan
+    plan = meta.data.plan
     for idx in (plan.slot_token_idx, plan.real_slot_idx):
         assert idx is None or idx.is_cuda
     flex_meta = build_attention_metadata(cuda_batch(), "flex")
-    assert flex_meta.block_mask.kv_num_blocks.is_cuda
+    assert flex_meta.data.kv_num_blocks.is_cuda

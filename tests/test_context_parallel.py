@@ -28,12 +28,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from longctx.app import ConfigError, check_context_parallel, run
-from longctx.batch import ContextShard, PackedBatch
+from longctx.app import ConfigError, check_backend, check_context_parallel, run
+from longctx.batch import PackedBatch
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import attention, attention_over_row, build_attention_metadata
+from longctx.model.attention_flash import context_key_spans
 from longctx.model.context_parallel import (
-    build_context_metadata,
+    ContextShard,
+    context_shard,
     gather_row,
     lower_right_causal_attention,
 )
@@ -64,7 +66,7 @@ def make_qkv(b: int, length: int, seed: int = 0):
 def test_shards_cover_every_row_token_once_head_tail():
     batch = make_batch()
     size = 4
-    shards = [batch.context_shard(r, size) for r in range(size)]
+    shards = [context_shard(batch, r, size) for r in range(size)]
     seen = torch.cat([s.global_index for s in shards]).sort().values
     assert torch.equal(seen, torch.arange(L))
     c = L // (2 * size)
@@ -79,14 +81,14 @@ def test_shards_cover_every_row_token_once_head_tail():
 
 def test_pieces_record_the_keys_before_them_on_other_chunks():
     batch = make_batch(rows=[[5, 30, 61]], length=96)
-    shard = batch.context_shard(1, 2)  # chunks [24, 48) and [48, 72)
+    shard = context_shard(batch, 1, 2)  # chunks [24, 48) and [48, 72)
     assert shard.seq_lens.tolist() == [[11, 13, 24]]
     # [24, 35) continues the document [5, 35); [35, 48) starts one; [48, 72) continues it
     assert shard.key_prefix_lens.tolist() == [[19, 0, 13]]
 
 
 def test_rounds_interleave_head_tail_pairs_along_the_row():
-    shard = make_batch().context_shard(0, 2, rounds=3)  # 12 chunks of 8 tokens
+    shard = context_shard(make_batch(), 0, 2, rounds=3)  # 12 chunks of 8 tokens
     starts = shard.global_index[::8].tolist()
     assert starts == [0, 24, 32, 56, 64, 88]  # chunks 0, 3 of each segment of 4 chunks
     assert torch.equal(shard.tokens, make_batch().tokens[:, shard.global_index])
@@ -105,7 +107,7 @@ def test_dense_masks_of_all_shards_are_the_rows_mask(lengths, size, rounds):
     full = batch.to_dense_mask()
     covered = []
     for r in range(size):
-        shard = batch.context_shard(r, size, rounds=rounds)
+        shard = context_shard(batch, r, size, rounds=rounds)
         assert torch.equal(shard.to_dense_mask(), full[:, shard.global_index])
         covered += shard.global_index.tolist()
     assert sorted(covered) == list(range(length))
@@ -114,23 +116,23 @@ def test_dense_masks_of_all_shards_are_the_rows_mask(lengths, size, rounds):
 def test_bad_splits_are_named():
     batch = make_batch()
     with pytest.raises(ValueError, match=r"L=96 .* multiple of 2\*size\*rounds=10"):
-        batch.context_shard(0, 5)
+        context_shard(batch, 0, 5)
     with pytest.raises(ValueError, match=r"multiple of 2\*size\*rounds=20"):
-        batch.context_shard(0, 2, rounds=5)
+        context_shard(batch, 0, 2, rounds=5)
     with pytest.raises(ValueError, match="rank=2, size=2"):
-        batch.context_shard(2, 2)
+        context_shard(batch, 2, 2)
     with pytest.raises(ValueError, match="size=0"):
-        batch.context_shard(0, 0)
+        context_shard(batch, 0, 0)
 
 
 def test_a_shard_of_size_two_without_group_cannot_gather():
-    shard = make_batch().context_shard(0, 2)
+    shard = context_shard(make_batch(), 0, 2)
     with pytest.raises(ValueError, match="needs the process group"):
         build_attention_metadata(shard, "sdpa")
 
 
 def test_shard_moves_with_its_metadata():
-    shard = make_batch().context_shard(1, 2, group="g")
+    shard = context_shard(make_batch(), 1, 2, group="g")
     moved = shard.to("cpu")
     assert isinstance(moved, ContextShard)
     assert (moved.cp_rank, moved.cp_size, moved.group) == (1, 2, "g")
@@ -142,7 +144,7 @@ def simulated_ranks(backend, batch: PackedBatch, size: int, q, k, v, rounds=1) -
     """Every rank's output written back to its row positions: [B, L, H, D]."""
     out = torch.zeros_like(q)
     for r in range(size):
-        shard = batch.context_shard(r, size, group="simulated", rounds=rounds)
+        shard = context_shard(batch, r, size, group="simulated", rounds=rounds)
         meta = build_attention_metadata(shard, backend)
         idx = shard.global_index
         out = out.index_copy(
@@ -191,11 +193,11 @@ def test_flash_key_spans_feed_a_varlen_kernel_exactly(size, rounds):
     with torch.no_grad():
         expected = attention(q, k, v, build_attention_metadata(batch, "eager"))
         for r in range(size):
-            shard = batch.context_shard(r, size, group="simulated", rounds=rounds)
-            meta = build_context_metadata(shard, "flash")
+            shard = context_shard(batch, r, size, group="simulated", rounds=rounds)
+            keys = context_key_spans(shard)
             q_flat = q[:, shard.global_index].flatten(0, 1)
-            k_packed, v_packed = (x.flatten(0, 1)[meta.key_index] for x in (k, v))
-            cu_q, cu_k = shard.cu_seqlens.tolist(), meta.cu_seqlens_k.tolist()
+            k_packed, v_packed = (x.flatten(0, 1)[keys["key_index"]] for x in (k, v))
+            cu_q, cu_k = shard.cu_seqlens.tolist(), keys["cu_seqlens_k"].tolist()
             outs = [
                 lower_right_causal_attention(
                     q_flat[cu_q[i] : cu_q[i + 1]],
@@ -205,7 +207,7 @@ def test_flash_key_spans_feed_a_varlen_kernel_exactly(size, rounds):
                 for i in range(len(cu_q) - 1)
             ]
             got = torch.cat(outs).view(len(ROWS), -1, H, D)
-            assert meta.max_seqlen_k == int(meta.cu_seqlens_k.diff().max())
+            assert keys["max_seqlen_k"] == int(keys["cu_seqlens_k"].diff().max())
             assert_close_scaled(got, expected[:, shard.global_index])
 
 
@@ -272,7 +274,7 @@ def test_model_with_one_rank_shard_equals_the_batch():
     torch.manual_seed(0)
     model = Llama(tiny_config())
     batch = make_batch(reset=True)
-    shard = batch.context_shard(0, 1)
+    shard = context_shard(batch, 0, 1)
     assert_close_scaled(model(shard), model(batch))
     loss, n = model.loss(shard)
     expected_loss, expected_n = model.loss(batch)
@@ -349,14 +351,14 @@ def test_context_parallel_under_fsdp2_trains_like_one_process(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["trainer.context_parallel=2"], "trainer.context_parallel=2 must divide the world size 1"),
+        (["trainer.context_parallel=2"], "context_parallel=2 must divide the world size 1"),
         ([*CP2, "trainer.context_parallel=3"], "context_parallel=3 must divide the world size 2"),
-        ([*CP2, "data.seq_len=250"], "data.seq_len=250 must be a multiple of 2 x"),
-        (["trainer.context_parallel=0"], "trainer.context_parallel=0; expected an int >= 1"),
+        ([*CP2, "data.seq_len=250"], "L=250 tokens cannot be split over context parallel size 2"),
+        (["trainer.context_parallel=0"], "trainer.context_parallel=0, "),
         (
             [*CP2, "trainer.context_parallel_rounds=3"],
-            "data.seq_len=256 must be a multiple of 2 x trainer.context_parallel x "
-            "trainer.context_parallel_rounds = 12",
+            "trainer.context_parallel_rounds=3: a row of L=256 tokens cannot be split over "
+            "context parallel size 2 in 3 round(s): L must be a multiple of 2*size*rounds=12",
         ),
     ],
 )
@@ -368,9 +370,11 @@ def test_bad_context_parallel_config_stops_before_training(overrides, message, t
 
 
 def test_context_parallel_refuses_models_and_flex_shapes_it_cannot_split():
-    cfg = OmegaConf.create({"trainer": {"devices": 4, "num_nodes": 1, "context_parallel": 2}})
+    trainer = OmegaConf.create({"devices": 4, "num_nodes": 1})
     with pytest.raises(ConfigError, match="only longctx's Llama"):
-        check_context_parallel(cfg, lambda: None, 256)
-    with pytest.raises(ConfigError, match=r"seq_len=256 must be a multiple of .* = 512"):
-        check_context_parallel(cfg, tiny_config(attn_backend="flex"), 256)
-    check_context_parallel(cfg, tiny_config(attn_backend="flex"), 512)  # whole blocks: fine
+        check_context_parallel(trainer, lambda: None, 256, 2, 1)
+    flex = tiny_config(attn_backend="flex", max_seq_len=512)
+    cuda = torch.device("cuda")  # nothing runs on it
+    with pytest.raises(ConfigError, match=r"L=256 to be a multiple of 4 chunk\(s\) x 128 = 512"):
+        check_backend(flex, 256, cuda, context_chunks=4)
+    check_backend(flex, 512, cuda, context_chunks=4)  # whole blocks: fine

@@ -8,12 +8,15 @@ query tiles. Imports only torch, pytest and longctx's batch and attention module
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from longctx.batch import PackedBatch
 from longctx.model.attention import attention, attention_over_row, build_attention_metadata
 from longctx.model.attention_flash import available_flash_impls
+from longctx.model.context_parallel import context_shard
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,10 +34,10 @@ def simulated_ranks(backend, impl, batch, size, rounds, q, k, v):
     """Every rank's output written back to its row positions: [B, L, H, D]."""
     out = torch.zeros_like(q)
     for r in range(size):
-        shard = batch.context_shard(r, size, group="simulated", rounds=rounds)
+        shard = context_shard(batch, r, size, group="simulated", rounds=rounds)
         meta = build_attention_metadata(shard, backend)
         if impl is not None:
-            meta.flash_impl = impl
+            meta = dataclasses.replace(meta, data=dataclasses.replace(meta.data, impl=impl))
         idx = shard.global_index
         out = out.index_copy(
             1, idx, attention_over_row(q[:, idx], k[:, idx], v[:, idx], k, v, meta)

@@ -17,13 +17,13 @@ import pytest
 from longctx.data.prepare import PrepareTaskFailed, prepare
 from longctx.data.shards import (
     MANIFEST_NAME,
-    TEMP_PREFIX,
     ManifestError,
     ShardSet,
     load_manifest,
 )
 from longctx.data.sources import is_validation
 from longctx.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from longctx.io import TEMP_PREFIX
 
 TEXTS = [f"document {i}: " + "lorem ipsum dolor " * (i % 7 + 1) + "é✓" for i in range(60)]
 

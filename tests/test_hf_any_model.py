@@ -12,13 +12,14 @@ import transformers
 from helpers import FAST, assert_close_scaled, compose, run_train
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
-from longctx.hf_adapter import (
+from longctx.hf.adapter import (
     HFCausalLM,
     HFModelSpec,
     UnsupportedModelError,
     load_hf_causal_lm,
     load_hf_config,
 )
+from longctx.hf.features import from_features, to_hf_kwargs
 
 VOCAB = 300  # covers the byte tokenizer's 259 ids
 SHAPE = dict(
@@ -64,7 +65,7 @@ def models(request, tmp_path_factory):
 def features_batch(reset: bool, seed: int = 0) -> PackedBatch:
     g = torch.Generator().manual_seed(seed)
     features = [{"input_ids": torch.randint(3, VOCAB, (n,), generator=g)} for n in FEATURE_LENGTHS]
-    return PackedBatch.from_features(features, 48, reset_position_ids=reset, pad_id=0)
+    return from_features(features, 48, reset_position_ids=reset, pad_id=0)
 
 
 def reference_model(path: str):
@@ -153,8 +154,8 @@ def test_hf_own_attention_leaks_with_continuous_positions(tmp_path):
     continuous, reset = features_batch(reset=False), features_batch(reset=True)
     ours = model(continuous)
     with torch.no_grad():
-        hf_packed = ref(**continuous.to_hf_kwargs(), use_cache=False)
-        hf_reset = ref(**reset.to_hf_kwargs(), use_cache=False)
+        hf_packed = ref(**to_hf_kwargs(continuous), use_cache=False)
+        hf_reset = ref(**to_hf_kwargs(reset), use_cache=False)
     # first document of each row: identical; every later one saw the documents before it
     first = slice(0, FEATURE_LENGTHS[0])
     assert_close_scaled(hf_packed.logits[:, first], ours[:, first])
@@ -170,18 +171,18 @@ def test_hf_own_attention_leaks_with_continuous_positions(tmp_path):
 def test_from_features_rows_labels_positions():
     features = [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9, 10, 11]}, {"input_ids": [12, 13]}]
     features[2]["labels"] = [-100, 13]  # HF's unshifted labels: token 12 predicts 13
-    batch = PackedBatch.from_features(features, 6, reset_position_ids=False, pad_id=1)
+    batch = from_features(features, 6, reset_position_ids=False, pad_id=1)
     assert batch.tokens.tolist() == [[5, 6, 7, 1, 1, 1], [8, 9, 10, 11, 12, 13]]
     assert batch.seq_lens.tolist() == [[3, 3], [4, 2]]
     no = IGNORE_INDEX
     assert batch.labels.tolist() == [[6, 7, no, no, no, no], [9, 10, 11, no, 13, no]]
     assert batch.position_ids.tolist() == [list(range(6))] * 2  # continuous along the row
-    reset = PackedBatch.from_features(features, 6, reset_position_ids=True)
+    reset = from_features(features, 6, reset_position_ids=True)
     assert reset.position_ids.tolist() == [[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 0, 1]]
 
 
 def test_from_features_splits_a_long_feature_in_order():
-    batch = PackedBatch.from_features([{"input_ids": list(range(1, 15))}], 6, True)
+    batch = from_features([{"input_ids": list(range(1, 15))}], 6, True)
     assert batch.tokens.flatten().tolist()[:14] == list(range(1, 15))
     assert batch.seq_lens.tolist() == [[6, 0], [6, 0], [2, 4]]
     assert batch.labels[0].tolist() == [2, 3, 4, 5, 6, IGNORE_INDEX]  # no target across a split
@@ -200,12 +201,12 @@ def test_from_features_splits_a_long_feature_in_order():
 )
 def test_from_features_bad_input(features, seq_len, match):
     with pytest.raises(ValueError, match=match):
-        PackedBatch.from_features(features, seq_len, reset_position_ids=True)
+        from_features(features, seq_len, reset_position_ids=True)
 
 
 def test_to_hf_kwargs():
-    batch = PackedBatch.from_features([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}], 4, False)
-    kw = batch.to_hf_kwargs()
+    batch = from_features([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}], 4, False)
+    kw = to_hf_kwargs(batch)
     assert (
         kw["cu_seq_lens_q"].tolist() == [0, 3, 4, 6, 8] and kw["cu_seq_lens_q"].dtype == torch.int32
     )
@@ -260,7 +261,7 @@ def test_sliding_window_refused_when_a_document_is_longer(tmp_path):
     with pytest.raises(UnsupportedModelError, match="sliding window of 16 tokens.*document of 20"):
         model.loss(long)
     with pytest.raises(UnsupportedModelError, match="window 16.*seq_len=32"):
-        HFModelSpec(path=str(tmp_path)).preflight(32)
+        HFModelSpec(path=str(tmp_path)).check_seq_len(32)
 
 
 def test_direct_hf_call_without_batch_metadata_is_an_error(tmp_path):
@@ -278,7 +279,7 @@ def test_bad_paths_and_options(tmp_path):
     with pytest.raises(ValueError, match="dtype='fp8'"):
         load_hf_causal_lm(path, dtype="fp8")
     batch = PackedBatch.from_lengths(torch.full((1, 8), VOCAB), [[8]], True)
-    with pytest.raises(ValueError, match=r"token ids span \[300, 300\].*vocab is 300"):
+    with pytest.raises(ValueError, match=r"token ids span \[300, 300\].*vocab_size=300"):
         load_hf_causal_lm(path).loss(batch)
 
 
@@ -290,7 +291,7 @@ def test_spec_answers_preflight_from_config_alone(tmp_path):
     assert spec.num_params() == sum(p.numel() for p in model.parameters())
     assert spec.vocab_size == VOCAB and spec.max_seq_len == 32768
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=32768"):
-        spec.preflight(65536)
+        spec.check_seq_len(65536)
 
 
 def test_compose_model_hf(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from helpers import assert_close_scaled
 
 from longctx.batch import PackedBatch
-from longctx.hf_adapter import HFModelSpec
+from longctx.hf.adapter import HFModelSpec
 from longctx.model import Llama, LlamaConfig, RopeScaling
 
 transformers = pytest.importorskip("transformers")

@@ -220,7 +220,10 @@ def test_unknown_key_is_named(tmp_path):
         ("model.attn_backend=flex data.seq_len=1000", "data.seq_len=1000"),
         ("data.seq_len=262144", "data.seq_len=262144"),
         ("data.packer=first_fit", "packer"),
-        ("model.attn_backend=flex", "model.attn_backend=flex cannot train on cpu"),
+        (
+            "model.attn_backend=flex",
+            "model.attn_backend=flex, data.seq_len=256: attn_backend='flex' on CPU is forward-only",
+        ),
     ],
 )
 def test_bad_config_stops_before_training(override, names, tmp_path):

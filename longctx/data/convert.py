@@ -39,11 +39,11 @@ from longctx.data.shards import (
     MANIFEST_NAME,
     Manifest,
     SplitWriter,
-    remove_temp_files,
     write_manifest,
 )
 from longctx.data.sources import describe_source, is_validation
 from longctx.data.tokenizer import load_tokenizer
+from longctx.io import remove_temp_files
 
 FORMATS = ("megatron", "datatrove", "hf")
 MEGATRON_HEADER = b"MMIDIDX\x00\x00"

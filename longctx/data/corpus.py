@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from longctx.data.prepare import prepare
-from longctx.data.shards import MANIFEST_NAME, atomic_write_bytes
+from longctx.data.shards import MANIFEST_NAME
+from longctx.io import atomic_write_bytes
 
 KJV_SHA256 = "51a4d6ed5592001b9386e2f292d3953132a2662240eb8ad08533d625f1259717"
 CORPUS_NAME = "kjv-chapters"

@@ -35,12 +35,11 @@ from datatrove.utils.logging import logger, setup_default_logger
 from longctx.data.shards import (
     SplitInfo,
     SplitWriter,
-    atomic_write_bytes,
-    remove_temp_files,
     split_info_from_dict,
 )
 from longctx.data.sources import Source, documents_of_task, is_validation
 from longctx.data.tokenizer import Tokenizer
+from longctx.io import atomic_write_bytes, remove_temp_files
 
 
 class PrepareTaskFailed(RuntimeError):

@@ -49,13 +49,13 @@ from longctx.data.shards import (
     PREPARED_MARKER,
     Manifest,
     SplitInfo,
-    atomic_write_bytes,
     load_manifest,
     shard_files_intact,
     write_manifest,
 )
 from longctx.data.sources import Source, describe_source, expand_inputs
 from longctx.data.tokenizer import Tokenizer, load_tokenizer
+from longctx.io import atomic_write_bytes
 
 __all__ = ["PrepareTaskFailed", "SlurmOptions", "prepare"]
 

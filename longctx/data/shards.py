@@ -1,4 +1,4 @@
-"""The prepared corpus on disk: manifest, atomic writes, and a validating shard reader.
+"""The prepared corpus on disk: manifest, shard writer, and a validating shard reader.
 
 Layout of a prepared folder::
 
@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from longctx.io import atomic_file, atomic_write_bytes
+
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "val")
-# temp files of an atomic write: a prefix no user file is expected to have, so cleaning up
-# after an interrupted write never touches files that are not ours
-TEMP_PREFIX = ".longctx-tmp-"
 # written first into a prepare output folder: the folder is ours even before its manifest exists
 PREPARED_MARKER = ".longctx-prepare"
 
@@ -128,57 +125,9 @@ def split_info_from_dict(data, where: str, prefix: str) -> SplitInfo:
     return SplitInfo(data["documents"], data["tokens"], [ShardInfo(**s) for s in shards])
 
 
-# --------------------------------------------------------------------------- atomic files
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp name in the same folder, fsync, then os.replace (all or nothing)."""
-    with _atomic_file(path) as f:
-        f.write(data)
-
-
 def atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    with _atomic_file(path) as f:
+    with atomic_file(path) as f:
         np.save(f, array, allow_pickle=False)
-
-
-class _atomic_file:
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-
-    def __enter__(self):
-        fd, self.tmp = tempfile.mkstemp(
-            prefix=f"{TEMP_PREFIX}{self.path.name}.", dir=self.path.parent
-        )
-        os.chmod(self.tmp, 0o644)  # mkstemp makes 0600; a shared cache must be readable
-        self.f = os.fdopen(fd, "wb")
-        return self.f
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if exc_type is None:
-                self.f.flush()
-                os.fsync(self.f.fileno())
-        finally:
-            self.f.close()
-        if exc_type is not None:
-            os.unlink(self.tmp)
-            return
-        os.replace(self.tmp, self.path)
-        _fsync_dir(self.path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_temp_files(folder: Path, stem: str = "") -> None:
-    """Drop leftovers of an interrupted write (never listed in any manifest): only ours, and
-    with ``stem`` only those of files named ``stem*`` (one task's, while others write)."""
-    for path in Path(folder).glob(f"{TEMP_PREFIX}{stem}*"):
-        path.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- manifest
@@ -280,7 +229,7 @@ class ShardSet:
     at 0, never decrease and end at the token count, and every token id is < vocab_size.
     """
 
-    def __init__(self, folder: str | Path, split: str = "train", *, validate: bool = True):
+    def __init__(self, folder: str | Path, split: str = "train"):
         if split not in SPLITS:
             raise ValueError(f"split {split!r}; expected one of {SPLITS}")
         self.folder = Path(folder)
@@ -289,11 +238,8 @@ class ShardSet:
         info = self.manifest.splits[split]
         self._tokens = [self._open(s.tokens_file, s.tokens_bytes) for s in info.shards]
         self._offsets = [self._open(s.index_file, s.index_bytes) for s in info.shards]
-        if validate:
-            for shard, tokens, offsets in zip(
-                info.shards, self._tokens, self._offsets, strict=True
-            ):
-                self._validate(shard, tokens, offsets)
+        for shard, tokens, offsets in zip(info.shards, self._tokens, self._offsets, strict=True):
+            self._validate(shard, tokens, offsets)
         counts = [len(o) - 1 for o in self._offsets]
         self._first_doc = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_documents = int(self._first_doc[-1])
@@ -340,10 +286,3 @@ class ShardSet:
         local = i - int(self._first_doc[shard])
         offsets = self._offsets[shard]
         return np.asarray(self._tokens[shard][offsets[local] : offsets[local + 1]], np.int64)
-
-    def lengths(self) -> np.ndarray:
-        return (
-            np.concatenate([np.diff(o) for o in self._offsets])
-            if self._offsets
-            else np.zeros(0, np.int64)
-        )

@@ -8,33 +8,26 @@ FSDP2 (every rank holds different tokens), so those strategies need no change.
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from longctx.model.context_parallel import check_context_parallel
 
 
 def data_parallel_rank_and_size(rank: int, world: int, context_parallel: int) -> tuple[int, int]:
     """(data-parallel rank, data-parallel size) of global ``rank`` in a world of ``world``."""
-    check_context_parallel(context_parallel, world)
+    check_context_parallel(context_parallel, world=world)
     return rank // context_parallel, world // context_parallel
 
 
-def check_context_parallel(context_parallel: int, world: int) -> None:
-    if isinstance(context_parallel, bool) or not isinstance(context_parallel, int):
-        raise ValueError(f"context_parallel={context_parallel!r}; expected an int >= 1")
-    if context_parallel < 1 or context_parallel > world or world % context_parallel:
-        raise ValueError(
-            f"context_parallel={context_parallel} must be >= 1 and divide the world size "
-            f"{world} (processes x nodes): each row is split over that many ranks"
-        )
-
-
 def context_parallel_group(context_parallel: int):
-    """This rank's group of ``context_parallel`` consecutive ranks (every rank creates all)."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    check_context_parallel(context_parallel, world)
-    mine = None
-    for start in range(0, world, context_parallel):
-        ranks = list(range(start, start + context_parallel))
-        group = dist.new_group(ranks)  # collective: every rank creates every group, in order
-        if rank in ranks:
-            mine = group
-    return mine
+    """This rank's group of ``context_parallel`` consecutive ranks: the "cp" dimension of a
+    ("dp", "cp") device mesh (row-major, so cp ranks are consecutive)."""
+    world = dist.get_world_size()
+    check_context_parallel(context_parallel, world=world)
+    device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(
+        device, (world // context_parallel, context_parallel), mesh_dim_names=("dp", "cp")
+    )
+    return mesh.get_group("cp")

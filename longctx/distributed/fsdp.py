@@ -19,8 +19,9 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
+from longctx.dtypes import dtype_named
+
 FORWARD_METHODS = ("loss", "token_loss")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parse_dtype(name: str | None, device: torch.device, what: str) -> torch.dtype | None:
@@ -29,9 +30,7 @@ def parse_dtype(name: str | None, device: torch.device, what: str) -> torch.dtyp
         return None
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"{what}={name!r}: expected auto, null or one of {sorted(DTYPES)}")
-    return DTYPES[name]
+    return dtype_named(name, what)
 
 
 def transformer_blocks(model: nn.Module) -> nn.ModuleList:

@@ -1,10 +1,10 @@
-"""Document-masked causal attention over packed batches, behind one call signature.
+"""Document-masked causal attention over packed batches: one object per backend, one registry.
 
 Every backend computes the same thing: for q [B, L, H, D] and k, v [B, L, Hkv, D], each token
 attends causally to the tokens of its own segment of ``PackedBatch.seq_lens`` and to nothing
-else, with softmax scale 1/sqrt(D). What a backend needs from the batch (cu_seqlens, a block
-mask, document buckets, a dense mask) is derived once per forward by
-``build_attention_metadata`` and shared by every layer.
+else, with softmax scale 1/sqrt(D). An :class:`AttentionBackend` owns everything about one
+backend: its capability checks (device, dtype, lengths), the metadata it derives from a batch
+(once per forward, shared by every layer), its attend call, and its context-parallel variant.
 
 - ``flash``: varlen flash kernel over the flattened tokens (CUDA; flash-attn, or torch's own
   varlen_attn when flash-attn is missing). See attention_flash.py.
@@ -18,138 +18,164 @@ mask, document buckets, a dense mask) is derived once per forward by
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
 from torch import Tensor
 
-from longctx.batch import DENSE_MASK_MAX_LEN, ContextShard, PackedBatch
-from longctx.model.attention_flash import (
-    FLASH_DTYPES,
-    available_flash_impls,
-    flash_attn_importable,
-    flash_varlen,
-    flash_varlen_attention,
+from longctx.batch import PackedBatch, check_dense_mask_len
+from longctx.model.attention_names import (
+    ATTENTION_BACKENDS,
+    AUTO,
+    EAGER,
+    FLASH,
+    FLEX,
+    SDPA,
+    check_backend_name,
 )
-from longctx.model.attention_sdpa import SdpaPlan, build_sdpa_plan, sdpa_attention
-from longctx.model.context_parallel import (
-    ContextMetadata,
-    build_context_metadata,
-    gather_row,
-    splice_prefixed_pieces,
-)
+from longctx.model.context_parallel import ContextShard, gather_row
 
-ATTENTION_BACKENDS = ("flash", "flex", "sdpa", "eager")
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-# --------------------------------------------------------------------------- resolution
+class AttentionBackend:
+    """One backend. ``metadata`` takes a PackedBatch or a ContextShard; ``attend`` runs a
+    whole-row batch, ``attend_row`` a shard's queries against the gathered rows' keys."""
+
+    name: str
+
+    def check(
+        self, device: torch.device, seq_len: int, *, chunks: int = 1, training: bool = False
+    ) -> None:
+        """Refuse what this backend cannot run, saying why: rows of ``seq_len`` keys on
+        ``device``, cut into ``chunks`` query chunks (context parallelism), with gradients
+        when ``training``. The model checks at every forward; the app's preflight asks too."""
+
+    def check_device(self, device: torch.device) -> None:
+        """Refuse a device this backend cannot run on (resolve_backend asks first)."""
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"attention got dtype {dtype}; expected one of {FLOAT_DTYPES}")
+
+    def metadata(self, batch: PackedBatch):
+        raise NotImplementedError
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, data) -> Tensor:
+        raise NotImplementedError
+
+    def attend_row(
+        self, q: Tensor, k: Tensor, v: Tensor, k_row: Tensor, v_row: Tensor, data
+    ) -> Tensor:
+        raise NotImplementedError
+
+
+class EagerBackend(AttentionBackend):
+    """The dense [B, L, L] (context parallel: [B, L/N, row_len]) mask: the reference."""
+
+    name = EAGER
+
+    def check(self, device, seq_len, *, chunks=1, training=False) -> None:
+        check_dense_mask_len(seq_len, f"attn_backend={EAGER!r} builds a dense [B, L, L] mask and")
+
+    def metadata(self, batch: PackedBatch) -> Tensor:
+        return batch.to_dense_mask().unsqueeze(1)
+
+    def attend(self, q, k, v, data) -> Tensor:
+        return eager_attention(q, k, v, data)
+
+    def attend_row(self, q, k, v, k_row, v_row, data) -> Tensor:
+        return eager_attention(q, k_row, v_row, data)
+
+
+def eager_attention(q: Tensor, k: Tensor, v: Tensor, dense_mask_B1LL: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(D)) v under a dense mask, in fp32 or better: the reference."""
+    n_rep = q.shape[2] // k.shape[2]
+    acc = torch.promote_types(q.dtype, torch.float32)
+    q_BHLD = q.transpose(1, 2)
+    k_BHLD = k.repeat_interleave(n_rep, dim=2).transpose(1, 2)  # query head h uses kv h // n_rep
+    v_BHLD = v.repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    scores_BHLL = (q_BHLD.to(acc) @ k_BHLD.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores_BHLL = scores_BHLL.masked_fill(~dense_mask_B1LL, float("-inf"))
+    probs_BHLL = scores_BHLL.softmax(dim=-1)
+    return (probs_BHLL @ v_BHLD.to(acc)).to(q.dtype).transpose(1, 2)
+
+
+@functools.cache
+def backends() -> dict[str, AttentionBackend]:
+    """The one registry: backend name -> its object (the backend modules subclass this module's
+    AttentionBackend, so they are imported on first use)."""
+    from longctx.model.attention_flash import FlashBackend
+    from longctx.model.attention_flex import FlexBackend
+    from longctx.model.attention_sdpa import SdpaBackend
+
+    registry = {b.name: b for b in (FlashBackend(), FlexBackend(), SdpaBackend(), EagerBackend())}
+    assert tuple(registry) == ATTENTION_BACKENDS
+    return registry
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """The backend object of a resolved name (not "auto")."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"got backend={name!r}; expected a resolved backend, one of {ATTENTION_BACKENDS} "
+            "(call resolve_backend first)"
+        )
+    return backends()[name]
+
+
 def resolve_backend(name: str, device: torch.device | str) -> str:
     """Map "auto" to the best backend for ``device``; check an explicit one can run there.
 
     auto: flash on CUDA with flash-attn installed, else flex on CUDA, else sdpa.
     """
     device = torch.device(device)
-    if name == "auto":
+    check_backend_name(name)
+    if name == AUTO:
         if device.type == "cuda":
-            return "flash" if flash_attn_importable() else "flex"
-        return "sdpa"
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(
-            f"unknown attn_backend={name!r}; expected one of {ATTENTION_BACKENDS + ('auto',)}"
-        )
-    if name == "flash" and not available_flash_impls(device):
-        raise RuntimeError(
-            "attn_backend='flash' needs a CUDA device and the flash-attn package "
-            f"(pip install -e '.[gpu]') or a torch with torch.nn.attention.varlen; "
-            f"this device is {device}"
-        )
+            from longctx.model.attention_flash import flash_attn_importable
+
+            return FLASH if flash_attn_importable() else FLEX
+        return SDPA
+    get_backend(name).check_device(device)
     return name
 
 
 # --------------------------------------------------------------------------- metadata
 @dataclasses.dataclass
 class AttentionMetadata:
-    """What one backend needs from a PackedBatch; built once per forward, shared by layers.
+    """What the layers need from a PackedBatch; built once per forward, shared by layers.
 
-    Only the fields of ``backend`` are set. Shapes: cu_seqlens int32 [num_segments + 1] over
-    the flattened B*L tokens; dense_mask bool [B, 1, L, L]. For a ContextShard, L is the local
-    length L/N, segments are the shard's pieces, keys span the whole row (dense_mask
-    [B, 1, L/N, row_len]) and ``context`` holds what the gathered keys need.
+    ``data`` is the backend's own (an SdpaMetadata, a FlashMetadata, a BlockMask, a dense
+    mask). For a ContextShard (``shard``), L is the local length L/N and keys span the row.
     """
 
-    backend: str
+    backend: AttentionBackend
     batch_size: int
     seq_len: int
     device: torch.device
-    cu_seqlens: Tensor | None = None  # flash
-    max_seqlen: int = 0  # flash
-    flash_impl: str | None = None  # flash: "flash_attn" or "torch_varlen"
-    block_mask: object | None = None  # flex: torch.nn.attention.flex_attention.BlockMask
-    sdpa_plan: SdpaPlan | None = None  # sdpa: document buckets and their gather/scatter indices
-    dense_mask: Tensor | None = None  # eager
-    context: ContextMetadata | None = None  # context parallelism (a ContextShard)
+    data: object = None
+    shard: ContextShard | None = None
 
 
 def build_attention_metadata(batch: PackedBatch, backend: str) -> AttentionMetadata:
     """Derive what ``backend`` (already resolved, not "auto") needs from ``batch``."""
-    if backend not in ATTENTION_BACKENDS:
-        raise ValueError(
-            f"build_attention_metadata got backend={backend!r}; expected a resolved backend, "
-            f"one of {ATTENTION_BACKENDS} (call resolve_backend first)"
-        )
+    owner = get_backend(backend)
     _check_batch_on_one_device(batch)
+    device = batch.tokens.device
+    shard = batch if isinstance(batch, ContextShard) else None
+    chunks = 1
+    if shard is not None:
+        if shard.cp_size > 1 and shard.group is None:
+            raise ValueError(
+                f"a ContextShard of cp_size={shard.cp_size} needs the process group of its "
+                "ranks (context_shard(batch, rank, size, group)) to gather keys and values"
+            )
+        chunks = 2 * shard.cp_size * shard.cp_rounds
+    owner.check(device, batch.row_len, chunks=chunks)
     b, length = batch.shape
-    meta = AttentionMetadata(backend, b, length, batch.tokens.device)
-    if isinstance(batch, ContextShard):
-        meta.context = build_context_metadata(batch, backend)
-    _METADATA_BUILDERS[backend](batch, meta)
-    return meta
-
-
-def _flash_metadata(batch: PackedBatch, meta: AttentionMetadata) -> None:
-    impls = available_flash_impls(meta.device)
-    if not impls:
-        resolve_backend("flash", meta.device)  # raises the explanatory error
-    meta.flash_impl = impls[0]
-    meta.cu_seqlens = batch.cu_seqlens.to(meta.device)
-    meta.max_seqlen = batch.max_seqlen
-
-
-def _flex_metadata(batch: PackedBatch, meta: AttentionMetadata) -> None:
-    from longctx.model.attention_flex import build_context_block_mask, build_document_block_mask
-
-    key_len = meta.context.row_len if meta.context else meta.seq_len
-    if meta.device.type == "cpu" and key_len > DENSE_MASK_MAX_LEN:
-        raise ValueError(
-            f"attn_backend='flex' on CPU runs uncompiled, which materialises the [B, H, L, L] "
-            f"scores; it refuses L={key_len} > {DENSE_MASK_MAX_LEN}. Use 'sdpa' on CPU."
-        )
-    if meta.context:
-        meta.block_mask = build_context_block_mask(batch)
-    else:
-        meta.block_mask = build_document_block_mask(batch)
-
-
-def _sdpa_metadata(batch: PackedBatch, meta: AttentionMetadata) -> None:
-    meta.sdpa_plan = build_sdpa_plan(batch)
-
-
-def _eager_metadata(batch: PackedBatch, meta: AttentionMetadata) -> None:
-    if meta.seq_len > DENSE_MASK_MAX_LEN:
-        raise ValueError(
-            f"attn_backend='eager' builds a dense [B, L, L] mask and refuses L={meta.seq_len} "
-            f"> {DENSE_MASK_MAX_LEN}; use 'sdpa', 'flex' or 'flash' for long sequences"
-        )
-    meta.dense_mask = batch.to_dense_mask().unsqueeze(1)
-
-
-_METADATA_BUILDERS = {
-    "flash": _flash_metadata,
-    "flex": _flex_metadata,
-    "sdpa": _sdpa_metadata,
-    "eager": _eager_metadata,
-}
+    return AttentionMetadata(owner, b, length, device, owner.metadata(batch), shard)
 
 
 def _check_batch_on_one_device(batch: PackedBatch) -> None:
@@ -166,23 +192,15 @@ def _check_batch_on_one_device(batch: PackedBatch) -> None:
 def attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
     """Document-causal attention. q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D] (q dtype)."""
     _check_qkv(q, k, v, meta)
-    if meta.context is not None:
+    if meta.shard is not None:
         return context_attention(q, k, v, meta)
-    if meta.backend == "flash":
-        return flash_varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen, meta.flash_impl)
-    if meta.backend == "flex":
-        from longctx.model.attention_flex import flex_document_attention
-
-        return flex_document_attention(q, k, v, meta.block_mask)
-    if meta.backend == "sdpa":
-        return sdpa_attention(q, k, v, meta.sdpa_plan)
-    return eager_attention(q, k, v, meta.dense_mask)
+    return meta.backend.attend(q, k, v, meta.data)
 
 
 def context_attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
     """Local queries [B, L/N, H, D] against the whole rows' keys, gathered from the group."""
-    ctx = meta.context
-    k_row, v_row = (gather_row(x, ctx.group, ctx.size, ctx.rounds) for x in (k, v))
+    shard = meta.shard
+    k_row, v_row = (gather_row(x, shard.group, shard.cp_size, shard.cp_rounds) for x in (k, v))
     return attention_over_row(q, k, v, k_row, v_row, meta)
 
 
@@ -191,42 +209,7 @@ def attention_over_row(
 ) -> Tensor:
     """The shard's queries q [B, L/N, H, D] given its own keys k, v [B, L/N, Hkv, D] and the
     whole rows' keys k_row, v_row [B, L, Hkv, D]; the gather's consumer, separate for tests."""
-    ctx = meta.context
-    if meta.backend == "sdpa":  # local keys serve every piece whose document starts locally
-        out = sdpa_attention(q, k, v, meta.sdpa_plan)
-        return splice_prefixed_pieces(out, q, k_row, v_row, ctx)
-    if meta.backend == "flash":
-        b, length, h, d = q.shape
-        k_pieces, v_pieces = (
-            x.reshape(-1, *x.shape[2:]).index_select(0, ctx.key_index) for x in (k_row, v_row)
-        )
-        out_THD = flash_varlen(
-            q.reshape(b * length, h, d),
-            k_pieces,
-            v_pieces,
-            (meta.cu_seqlens, ctx.cu_seqlens_k),
-            (meta.max_seqlen, ctx.max_seqlen_k),
-            meta.flash_impl,
-        )
-        return out_THD.view(b, length, h, d)
-    if meta.backend == "flex":
-        from longctx.model.attention_flex import flex_document_attention
-
-        return flex_document_attention(q, k_row, v_row, meta.block_mask)
-    return eager_attention(q, k_row, v_row, meta.dense_mask)
-
-
-def eager_attention(q: Tensor, k: Tensor, v: Tensor, dense_mask_B1LL: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(D)) v under a dense mask, in fp32 or better: the reference."""
-    n_rep = q.shape[2] // k.shape[2]
-    acc = torch.promote_types(q.dtype, torch.float32)
-    q_BHLD = q.transpose(1, 2)
-    k_BHLD = k.repeat_interleave(n_rep, dim=2).transpose(1, 2)  # query head h uses kv h // n_rep
-    v_BHLD = v.repeat_interleave(n_rep, dim=2).transpose(1, 2)
-    scores_BHLL = (q_BHLD.to(acc) @ k_BHLD.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    scores_BHLL = scores_BHLL.masked_fill(~dense_mask_B1LL, float("-inf"))
-    probs_BHLL = scores_BHLL.softmax(dim=-1)
-    return (probs_BHLL @ v_BHLD.to(acc)).to(q.dtype).transpose(1, 2)
+    return meta.backend.attend_row(q, k, v, k_row, v_row, meta.data)
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> None:
@@ -247,19 +230,9 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> None
         raise ValueError(f"q head dim D={d} differs from the k/v head dim {k.shape[3]}")
     if h % k.shape[2] != 0:
         raise ValueError(f"q has H={h} heads, not a multiple of the k/v heads Hkv={k.shape[2]}")
-    _check_dtype_and_device(q, k, v, meta)
-
-
-def _check_dtype_and_device(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"attention got dtype {q.dtype}; expected one of {_FLOAT_DTYPES}")
-    if meta.backend == "flash" and q.dtype not in FLASH_DTYPES:
-        raise ValueError(
-            f"attn_backend='flash' does not support dtype {q.dtype}; flash kernels take "
-            f"{FLASH_DTYPES} (use bf16 autocast/weights, or attn_backend='flex'/'sdpa' for fp32)"
-        )
+    meta.backend.check_dtype(q.dtype)
     if not (q.device == k.device == v.device == meta.device):
         raise ValueError(
             f"q, k, v are on {q.device}, {k.device}, {v.device} but the attention metadata was "

@@ -8,12 +8,19 @@ builds of torch). flash-attn is preferred when importable; both are CUDA-only, f
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import inspect
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from longctx.batch import PackedBatch
+from longctx.model.attention import AttentionBackend
+from longctx.model.attention_names import FLASH
+from longctx.model.context_parallel import ContextShard, piece_spans, span_index
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -101,3 +108,80 @@ def _torch_varlen_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_qk, max_seqle
     elif n_rep > 1:
         k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
     return fn(q, k, v, *cu_seqlens_qk, *max_seqlen_qk, **kwargs)
+
+
+# --------------------------------------------------------------------------- the backend
+@dataclasses.dataclass(frozen=True)
+class FlashMetadata:
+    """cu_seqlens int32 [num_segments + 1] over the flattened queries; for a ContextShard the
+    packed key spans of its pieces over the gathered rows (key_index, cu_seqlens_k)."""
+
+    impl: str  # "flash_attn" or "torch_varlen"
+    cu_seqlens: Tensor
+    max_seqlen: int
+    key_index: Tensor | None = None
+    cu_seqlens_k: Tensor | None = None
+    max_seqlen_k: int = 0
+
+
+class FlashBackend(AttentionBackend):
+    """Varlen flash kernels. Context parallel: separate query and key cu_seqlens, the keys of
+    each piece being its document's span of the gathered row (causal mask bottom-right)."""
+
+    name = FLASH
+
+    def check_device(self, device: torch.device) -> None:
+        if not available_flash_impls(device):
+            raise RuntimeError(
+                "attn_backend='flash' needs a CUDA device and the flash-attn package "
+                f"(pip install -e '.[gpu]') or a torch with torch.nn.attention.varlen; "
+                f"this device is {device}"
+            )
+
+    def check(self, device, seq_len, *, chunks=1, training=False) -> None:
+        self.check_device(device)
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        if dtype not in FLASH_DTYPES:
+            raise ValueError(
+                f"attn_backend='flash' does not support dtype {dtype}; flash kernels take "
+                f"{FLASH_DTYPES} (use bf16 autocast/weights, or attn_backend='flex'/'sdpa' for "
+                "fp32)"
+            )
+
+    def metadata(self, batch: PackedBatch) -> FlashMetadata:
+        device = batch.tokens.device
+        impl = available_flash_impls(device)[0]
+        keys = context_key_spans(batch) if isinstance(batch, ContextShard) else {}
+        return FlashMetadata(impl, batch.cu_seqlens.to(device), batch.max_seqlen, **keys)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, data: FlashMetadata) -> Tensor:
+        return flash_varlen_attention(q, k, v, data.cu_seqlens, data.max_seqlen, data.impl)
+
+    def attend_row(self, q, k, v, k_row, v_row, data: FlashMetadata) -> Tensor:
+        b, length, h, d = q.shape
+        k_pieces, v_pieces = (
+            x.reshape(-1, *x.shape[2:]).index_select(0, data.key_index) for x in (k_row, v_row)
+        )
+        out_THD = flash_varlen(
+            q.reshape(b * length, h, d),
+            k_pieces,
+            v_pieces,
+            (data.cu_seqlens, data.cu_seqlens_k),
+            (data.max_seqlen, data.max_seqlen_k),
+            data.impl,
+        )
+        return out_THD.view(b, length, h, d)
+
+
+def context_key_spans(shard: ContextShard) -> dict:
+    """key_index (flat indices into the gathered rows), cu_seqlens_k and max_seqlen_k of the
+    packed key spans of every piece of ``shard``."""
+    spans = piece_spans(shard)
+    key_lens = torch.tensor([s[3] for s in spans], dtype=torch.int32)
+    device = shard.tokens.device
+    return {
+        "key_index": span_index([(s[2], s[3]) for s in spans]).to(device),
+        "cu_seqlens_k": F.pad(key_lens.cumsum(0, dtype=torch.int32), (1, 0)).to(device),
+        "max_seqlen_k": int(key_lens.max()),
+    }

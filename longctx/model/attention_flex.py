@@ -23,9 +23,55 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from longctx.batch import ContextShard, PackedBatch
+from longctx.batch import PackedBatch, check_dense_mask_len
+from longctx.model.attention import AttentionBackend
+from longctx.model.attention_names import FLEX
+from longctx.model.context_parallel import ContextShard
 
 FLEX_BLOCK_SIZE = 128
+
+
+class FlexBackend(AttentionBackend):
+    """FlexAttention under a document block mask. Context parallel: the shard's query tiles
+    against the whole rows' key tiles (each chunk must be whole tiles)."""
+
+    name = FLEX
+
+    def check(self, device, seq_len, *, chunks=1, training=False) -> None:
+        # a context-parallel shard's query tiles are rows of the row's tile map; training rows
+        # are asked for whole tiles too (the preflight's rule since flex was added)
+        if (chunks > 1 or training) and seq_len % (chunks * FLEX_BLOCK_SIZE):
+            raise ValueError(
+                f"attn_backend='flex' needs L={seq_len} to be a multiple of {chunks} chunk(s) x "
+                f"{FLEX_BLOCK_SIZE} = {chunks * FLEX_BLOCK_SIZE}: whole FlexAttention blocks per "
+                "chunk"
+            )
+        if device.type != "cpu":
+            return
+        check_dense_mask_len(
+            seq_len, "attn_backend='flex' on CPU runs uncompiled (it materialises the scores) and"
+        )
+        if training:
+            _refuse_cpu_gradients()
+
+    def metadata(self, batch: PackedBatch) -> BlockMask:
+        if isinstance(batch, ContextShard):
+            return build_context_block_mask(batch)
+        return build_document_block_mask(batch)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, data: BlockMask) -> Tensor:
+        return flex_document_attention(q, k, v, data)
+
+    def attend_row(self, q, k, v, k_row, v_row, data: BlockMask) -> Tensor:
+        return flex_document_attention(q, k_row, v_row, data)
+
+
+def _refuse_cpu_gradients() -> None:
+    raise RuntimeError(
+        "attn_backend='flex' on CPU is forward-only: PyTorch has no CPU FlexAttention "
+        "backward. Use attn_backend='sdpa' to train on CPU, or run flex under "
+        "torch.no_grad() for evaluation."
+    )
 
 
 def build_document_block_mask(batch: PackedBatch, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
@@ -54,11 +100,6 @@ def build_context_block_mask(shard: ContextShard, block_size: int = FLEX_BLOCK_S
     The tiles are classified over the whole rows as above; the shard's query tiles are rows of
     that map (its chunks are whole tiles), and the mask_mod maps local queries to row positions.
     """
-    if shard.chunk_len % block_size:
-        raise ValueError(
-            f"attn_backend='flex' with context parallelism needs chunks of L/(2N) = "
-            f"{shard.chunk_len} tokens, a multiple of the block size {block_size}"
-        )
     b, n_tiles = shard.shape[0], shard.row_len // block_size
     tiles = shard.row_doc_ids.view(b, n_tiles, block_size)
     partial_BQK, full_BQK = _classify_tiles(tiles[..., 0], tiles[..., -1])
@@ -125,11 +166,7 @@ def document_causal_mask_mod(doc_ids_BP: Tensor):
 def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
     """q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D] under the document block mask."""
     if q.device.type == "cpu" and torch.is_grad_enabled() and _needs_grad(q, k, v):
-        raise RuntimeError(
-            "attn_backend='flex' on CPU is forward-only: PyTorch has no CPU FlexAttention "
-            "backward. Use attn_backend='sdpa' to train on CPU, or run flex under "
-            "torch.no_grad() for evaluation."
-        )
+        _refuse_cpu_gradients()
     kwargs = {"block_mask": block_mask, "enable_gqa": q.shape[2] != k.shape[2]}
     if q.device.type == "cuda":
         args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))

@@ -23,6 +23,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longctx.batch import PackedBatch
+from longctx.model.attention import AttentionBackend
+from longctx.model.attention_names import SDPA
+from longctx.model.context_parallel import (
+    ContextShard,
+    lower_right_causal_attention,
+    piece_spans,
+    span_index,
+)
 
 # Token pairs of padding worth one SDPA fwd+bwd call. CPU, measured at H=4, D=64, 1 thread:
 # a call costs ~0.07 ms + 1.3 us/token + 5e-8 s/token pair, so ~1400 pairs; 32**2 measured best
@@ -223,3 +231,74 @@ def _gqa(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, dict]:
     if q.device.type == "cpu":
         return k, v, {"enable_gqa": True}
     return k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1), {}
+
+
+# --------------------------------------------------------------------------- the backend
+@dataclasses.dataclass(frozen=True)
+class SdpaMetadata:
+    """The plan over the batch's segments (a shard's local pieces) and, for a ContextShard,
+    the pieces whose document began on an earlier chunk.
+
+    prefixed: (flat query start, query length, flat key start, key length) of each such piece,
+        over the local B*L/N queries and the gathered B*L keys; prefixed_query_index /
+        prefixed_key_index: those spans' flat indices, concatenated.
+    """
+
+    plan: SdpaPlan
+    prefixed: tuple[tuple[int, int, int, int], ...] = ()
+    prefixed_query_index: Tensor | None = None
+    prefixed_key_index: Tensor | None = None
+
+
+class SdpaBackend(AttentionBackend):
+    """Per-document SDPA. Context parallel: the local K/V serve every piece whose document
+    starts in the chunk; the at most 2k pieces per row whose document started earlier (one per
+    chunk, at its first token) are recomputed against the gathered keys and spliced in."""
+
+    name = SDPA
+
+    def metadata(self, batch: PackedBatch) -> SdpaMetadata:
+        plan = build_sdpa_plan(batch)
+        if not isinstance(batch, ContextShard):
+            return SdpaMetadata(plan)
+        prefixed = tuple(s for s in piece_spans(batch) if s[1] != s[3])
+        if not prefixed:
+            return SdpaMetadata(plan)
+        device = batch.tokens.device
+        return SdpaMetadata(
+            plan,
+            prefixed,
+            span_index([(s[0], s[1]) for s in prefixed]).to(device),
+            span_index([(s[2], s[3]) for s in prefixed]).to(device),
+        )
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, data: SdpaMetadata) -> Tensor:
+        return sdpa_attention(q, k, v, data.plan)
+
+    def attend_row(self, q, k, v, k_row, v_row, data: SdpaMetadata) -> Tensor:
+        return splice_prefixed_pieces(sdpa_attention(q, k, v, data.plan), q, k_row, v_row, data)
+
+
+def splice_prefixed_pieces(
+    out_local: Tensor, q: Tensor, k_row: Tensor, v_row: Tensor, data: SdpaMetadata
+) -> Tensor:
+    """Replace the outputs of pieces whose document began earlier by attention over their
+    document's whole key span. out_local, q [B, L/N, H, D]; k_row, v_row [B, L, Hkv, D]."""
+    if not data.prefixed:
+        return out_local
+    b, local_len, h, d = q.shape
+    # one gather per tensor, then views: slicing each span out of the whole tensors would give
+    # every span a full-size gradient buffer in backward
+    q_lens, k_lens = [s[1] for s in data.prefixed], [s[3] for s in data.prefixed]
+    q_spans = q.reshape(b * local_len, h, d).index_select(0, data.prefixed_query_index)
+    k_spans, v_spans = (
+        x.reshape(-1, *x.shape[2:]).index_select(0, data.prefixed_key_index).split(k_lens)
+        for x in (k_row, v_row)
+    )
+    fixed = [
+        lower_right_causal_attention(q_span, k_span, v_span)
+        for q_span, k_span, v_span in zip(q_spans.split(q_lens), k_spans, v_spans, strict=True)
+    ]
+    flat = out_local.reshape(b * local_len, h, d)
+    spliced = flat.index_copy(0, data.prefixed_query_index, torch.cat(fixed))
+    return spliced.view(b, local_len, h, d)

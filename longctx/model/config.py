@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from longctx.model.attention import ATTENTION_BACKENDS
+from longctx.model.attention_names import AUTO, check_backend_name
 from longctx.model.rope import RopeScaling
 from longctx.model.validation import require_positive, require_positive_int
 
@@ -25,7 +25,7 @@ class LlamaConfig:
     # RoPE angles position * inv_freq in fp64 (exact) rather than fp32 (transformers' rounding)
     exact_rope_angles: bool = True
     tie_embeddings: bool = False
-    attn_backend: str = "auto"
+    attn_backend: str = AUTO
     activation_checkpointing: bool = False
     loss_chunk_size: int = 4096  # tokens per chunk of the chunked cross-entropy
     init_std: float = 0.02
@@ -38,11 +38,7 @@ class LlamaConfig:
             self.rope_scaling = RopeScaling(**self.rope_scaling)
         self._check_sizes()
         self._check_heads()
-        if self.attn_backend not in ATTENTION_BACKENDS + ("auto",):
-            raise ValueError(
-                f"attn_backend={self.attn_backend!r} is unknown; expected one of "
-                f"{ATTENTION_BACKENDS + ('auto',)}"
-            )
+        check_backend_name(self.attn_backend)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(
                 f"rope_scaling={self.rope_scaling!r}; expected a RopeScaling, a dict or None"
@@ -70,6 +66,14 @@ class LlamaConfig:
             raise ValueError(
                 f"head_dim = dim / n_heads = {self.head_dim} is odd; RoPE rotates pairs, "
                 "so it must be even"
+            )
+
+    def check_seq_len(self, seq_len: int) -> None:
+        """The one length limit: rows no longer than the RoPE range the model is built for."""
+        if seq_len > self.max_seq_len:
+            raise ValueError(
+                f"L={seq_len} > max_seq_len={self.max_seq_len}, the RoPE range the model is "
+                "configured for"
             )
 
     @property

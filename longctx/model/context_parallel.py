@@ -1,7 +1,7 @@
 """Context parallelism: one packed row split over N ranks, documents masked exactly.
 
 Each rank holds chunks r and 2N-1-r of every row, or of every one of k segments of the row with
-k rounds (``PackedBatch.context_shard``). Attention is
+k rounds (:func:`context_shard`). Attention is
 the all-gather design of the Llama 3 paper: every layer gathers the whole row's K and V from the
 group (cheap with GQA: only the Hkv heads travel) and the rank's own queries attend to them under
 the document mask. The gather's backward is a reduce-scatter: each rank receives the K/V gradient
@@ -24,76 +24,187 @@ earlier chunk, the ``key_prefix_lens`` keys before the piece. Per backend:
 from __future__ import annotations
 
 import dataclasses
+from functools import cached_property
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from longctx.batch import ContextShard, context_chunks
+from longctx.batch import PackedBatch, check_dense_mask_len
 
 # Elements of one query block's [q, k] mask in the sdpa path (4M: a 16 MB fp32 additive mask).
 MASK_BLOCK_ELEMENTS = 1 << 22
 
 
-@dataclasses.dataclass(frozen=True)
-class ContextMetadata:
-    """The context-parallel part of AttentionMetadata (built once per forward).
-
-    prefixed: (flat query start, query length, flat key start, key length) of every piece whose
-        document began before it, over the local B*L/N queries and the gathered B*L keys;
-        prefixed_query_index / prefixed_key_index: those spans' flat indices, concatenated.
-    key_index / cu_seqlens_k / max_seqlen_k: flash only; the packed key spans of all pieces.
-    """
-
-    group: object
-    size: int
-    rounds: int
-    row_len: int
-    prefixed: tuple[tuple[int, int, int, int], ...] = ()
-    prefixed_query_index: Tensor | None = None
-    prefixed_key_index: Tensor | None = None
-    key_index: Tensor | None = None
-    cu_seqlens_k: Tensor | None = None
-    max_seqlen_k: int = 0
-
-
-def build_context_metadata(shard: ContextShard, backend: str) -> ContextMetadata:
-    if shard.cp_size > 1 and shard.group is None:
+# --------------------------------------------------------------------------- the split
+def check_context_parallel(
+    size: int,
+    rounds: int = 1,
+    *,
+    rank: int = 0,
+    seq_len: int | None = None,
+    world: int | None = None,
+) -> None:
+    """The one owner of the split's rules: ``size`` ranks share each row (dividing the
+    ``world``), cut into ``2 * size * rounds`` equal chunks (dividing ``seq_len``)."""
+    for name, value in (("context_parallel", size), ("rounds", rounds), ("rank", rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}={value!r}; expected an int")
+    if size < 1 or rounds < 1 or not 0 <= rank < size:
         raise ValueError(
-            f"a ContextShard of cp_size={shard.cp_size} needs the process group of its ranks "
-            "(PackedBatch.context_shard(rank, size, group)) to gather keys and values"
+            f"context parallel rank={rank}, size={size}, rounds={rounds}; expected size >= 1, "
+            "rounds >= 1, 0 <= rank < size"
         )
-    meta = ContextMetadata(shard.group, shard.cp_size, shard.cp_rounds, shard.row_len)
-    if backend not in ("sdpa", "flash"):  # eager and flex read the shard's own mask inputs
-        return meta
-    spans, device = _piece_spans(shard), shard.tokens.device
-    if backend == "sdpa":
-        prefixed = tuple(s for s in spans if s[1] != s[3])
-        if not prefixed:
-            return meta
-        return dataclasses.replace(
-            meta,
-            prefixed=prefixed,
-            prefixed_query_index=_span_index([(s[0], s[1]) for s in prefixed]).to(device),
-            prefixed_key_index=_span_index([(s[2], s[3]) for s in prefixed]).to(device),
+    if world is not None and world % size:
+        raise ValueError(
+            f"context_parallel={size} must divide the world size {world} (processes x nodes): "
+            "each row is split over that many ranks"
         )
-    key_lens = torch.tensor([s[3] for s in spans], dtype=torch.int32)
-    return dataclasses.replace(
-        meta,
-        key_index=_span_index([(s[2], s[3]) for s in spans]).to(device),
-        cu_seqlens_k=F.pad(key_lens.cumsum(0, dtype=torch.int32), (1, 0)).to(device),
-        max_seqlen_k=int(key_lens.max()),
+    chunks = 2 * size * rounds
+    if seq_len is not None and seq_len % chunks:
+        raise ValueError(
+            f"a row of L={seq_len} tokens cannot be split over context parallel size {size} in "
+            f"{rounds} round(s): L must be a multiple of 2*size*rounds={chunks} "
+            "(each rank takes two equal chunks per round)"
+        )
+
+
+def context_shard(
+    batch: PackedBatch, rank: int, size: int, group=None, rounds: int = 1
+) -> ContextShard:
+    """Rank ``rank``'s share of every row when ``size`` ranks split each row.
+
+    A row is cut into 2*size chunks and the rank takes chunks ``rank`` and
+    ``2*size-1-rank``: an early chunk (little causal work) paired with a late one (much).
+    With ``rounds`` = k > 1 the row is cut into k segments of 2*size chunks each and the rank
+    takes that pair in every segment: finer interleaving, which evens out document-masked
+    work, where a rank's cost is the sum of its pieces' squared lengths, not its position.
+    Tokens, labels and position ids are sliced with the chunks; segments are cut at the
+    chunk edges into pieces, and every piece records how many tokens of its document
+    precede it on other chunks: the keys it must fetch from other ranks. Documents may have
+    any length and cross any chunk edge. ``group``: the process group of the ``size`` ranks
+    (group rank = ``rank``), needed by the model to gather keys and values when size > 1.
+    """
+    b, length = batch.shape
+    check_context_parallel(size, rounds, rank=rank, seq_len=length)
+    c = length // (2 * size * rounds)
+    chunks = [(g * c, (g + 1) * c) for g in context_chunks(rank, size, rounds)]
+    local_idx = torch.cat([torch.arange(lo, hi) for lo, hi in chunks])
+    pieces = [_chunk_pieces(row[row > 0], chunks) for row in batch.seq_lens.cpu().numpy()]
+    width = max(len(lens) for lens, _ in pieces)
+    lens, prefixes = (
+        torch.tensor([p[i] + [0] * (width - len(p[i])) for p in pieces], dtype=torch.int32)
+        for i in (0, 1)
+    )
+    device = batch.tokens.device
+    local_idx = local_idx.to(device)
+    return ContextShard(
+        tokens=batch.tokens[:, local_idx],
+        labels=batch.labels[:, local_idx],
+        position_ids=batch.position_ids[:, local_idx],
+        seq_lens=lens.to(device),
+        key_prefix_lens=prefixes.to(device),
+        row_seq_lens=batch.seq_lens,
+        cp_rank=rank,
+        cp_size=size,
+        group=group,
+        cp_rounds=rounds,
     )
 
 
-def _span_index(spans: list[tuple[int, int]]) -> Tensor:
+def context_chunks(rank: int, size: int, rounds: int = 1) -> list[int]:
+    """The row chunks (of 2 * size * rounds) that context-parallel ``rank`` holds, in order."""
+    per_round = 2 * size
+    return [j * per_round + i for j in range(rounds) for i in (rank, per_round - 1 - rank)]
+
+
+@dataclasses.dataclass
+class ContextShard(PackedBatch):
+    """One rank's share of a PackedBatch under context parallelism (:func:`context_shard`).
+
+    tokens, labels, position_ids [B, L/N] the rank's 2k chunks of c tokens of each row, in
+                             row order (k = cp_rounds; chunks context_chunks(cp_rank, cp_size, k))
+    seq_lens        [B, S]   the local tokens cut into pieces: a segment's tokens in one chunk
+    key_prefix_lens [B, S]   tokens of each piece's segment that precede the piece in the row
+    row_seq_lens    [B, S']  the whole rows' segment lengths
+    group                    process group of the cp_size ranks (None when cp_size == 1)
+
+    Attention: a local query attends causally to its own piece and to its segment's earlier
+    tokens, which may live on other ranks' chunks (``key_prefix_lens`` of them).
+    """
+
+    key_prefix_lens: Tensor
+    row_seq_lens: Tensor
+    cp_rank: int
+    cp_size: int
+    group: object = None
+    cp_rounds: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.key_prefix_lens.shape != self.seq_lens.shape:
+            raise ValueError(
+                f"key_prefix_lens has shape {tuple(self.key_prefix_lens.shape)}, expected the "
+                f"shape of seq_lens {tuple(self.seq_lens.shape)}"
+            )
+        check_context_parallel(
+            self.cp_size, self.cp_rounds, rank=self.cp_rank, seq_len=self.row_len
+        )
+
+    @property
+    def chunk_len(self) -> int:
+        return self.shape[1] // (2 * self.cp_rounds)
+
+    @property
+    def row_len(self) -> int:
+        return self.shape[1] * self.cp_size
+
+    @cached_property
+    def global_index(self) -> Tensor:
+        """int64 [L/N]: the row position of each local token."""
+        c, device = self.chunk_len, self.tokens.device
+        chunks = torch.tensor(context_chunks(self.cp_rank, self.cp_size, self.cp_rounds))
+        return (chunks.to(device)[:, None] * c + torch.arange(c, device=device)).flatten()
+
+    @cached_property
+    def row_doc_ids(self) -> Tensor:
+        """int64 [B, row_len]: the segment index of every token of the whole rows."""
+        b, s = self.row_seq_lens.shape
+        ids = torch.arange(s, device=self.row_seq_lens.device).repeat(b)
+        return ids.repeat_interleave(self.row_seq_lens.flatten().long()).view(b, self.row_len)
+
+    def to_dense_mask(self) -> Tensor:
+        """bool [B, row_len / cp_size, row_len], True where local query i may attend to row key j."""
+        check_dense_mask_len(self.row_len, "to_dense_mask()")
+        q_pos = self.global_index.to(self.row_doc_ids.device)
+        q_doc = self.row_doc_ids[:, q_pos]
+        same_doc = q_doc[:, :, None] == self.row_doc_ids[:, None, :]
+        keys = torch.arange(self.row_len, device=q_pos.device)
+        return same_doc & (keys[None, :] <= q_pos[:, None])
+
+
+def _chunk_pieces(row_lens: np.ndarray, chunks: list[tuple[int, int]]):
+    """(piece lengths, key prefix lengths) of a row's segments cut at the chunks' edges."""
+    ends = np.cumsum(row_lens)
+    lens, prefixes = [], []
+    for lo, hi in chunks:
+        bounds = np.concatenate(([lo], ends[(ends > lo) & (ends < hi)], [hi]))
+        first = int(np.searchsorted(ends, lo, side="right"))  # the segment holding token lo
+        lens += np.diff(bounds).tolist()
+        prefixes += [lo - int(ends[first] - row_lens[first])] + [0] * (len(bounds) - 2)
+    return lens, prefixes
+
+
+# --------------------------------------------------------------------------- key spans
+def span_index(spans: list[tuple[int, int]]) -> Tensor:
     """int64 flat indices of the (start, length) spans, concatenated."""
     return torch.cat([torch.arange(start, start + n) for start, n in spans])
 
 
-def _piece_spans(shard: ContextShard) -> list[tuple[int, int, int, int]]:
+def piece_spans(shard: ContextShard) -> list[tuple[int, int, int, int]]:
     """(flat query start, query length, flat key start, key length) of every piece, in order."""
     b, local_len = shard.shape
     global_index = shard.global_index.tolist()
@@ -153,32 +264,7 @@ _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
-# --------------------------------------------------------------------------- sdpa
-def splice_prefixed_pieces(
-    out_local: Tensor, q: Tensor, k_row: Tensor, v_row: Tensor, meta: ContextMetadata
-) -> Tensor:
-    """Replace the outputs of pieces whose document began earlier by attention over their
-    document's whole key span. out_local, q [B, L/N, H, D]; k_row, v_row [B, L, Hkv, D]."""
-    if not meta.prefixed:
-        return out_local
-    b, local_len, h, d = q.shape
-    # one gather per tensor, then views: slicing each span out of the whole tensors would give
-    # every span a full-size gradient buffer in backward
-    q_lens, k_lens = [s[1] for s in meta.prefixed], [s[3] for s in meta.prefixed]
-    q_spans = q.reshape(b * local_len, h, d).index_select(0, meta.prefixed_query_index)
-    k_spans, v_spans = (
-        x.reshape(-1, *x.shape[2:]).index_select(0, meta.prefixed_key_index).split(k_lens)
-        for x in (k_row, v_row)
-    )
-    fixed = [
-        lower_right_causal_attention(q_span, k_span, v_span)
-        for q_span, k_span, v_span in zip(q_spans.split(q_lens), k_spans, v_spans, strict=True)
-    ]
-    flat = out_local.reshape(b * local_len, h, d)
-    spliced = flat.index_copy(0, meta.prefixed_query_index, torch.cat(fixed))
-    return spliced.view(b, local_len, h, d)
-
-
+# --------------------------------------------------------------------------- masks
 def lower_right_causal_attention(q_QHD: Tensor, k_KHD: Tensor, v_KHD: Tensor) -> Tensor:
     """Queries that are the last Q of K keys: query i sees keys 0 .. K-Q+i. -> [Q, H, D].
 

@@ -8,18 +8,28 @@ from longctx.model.config import LlamaConfig
 
 
 def estimate_flops(config: LlamaConfig, seq_lens: Tensor) -> float:
-    """Forward + backward (3x forward) FLOPs of a batch with per-row segment lengths
-    ``seq_lens`` [B, S] (zero padded).
+    """Forward + backward FLOPs of longctx's Llama on a batch (see :func:`training_flops`)."""
+    return training_flops(
+        matmul_params(config), config.head_dim, config.n_heads, config.n_layers, seq_lens
+    )
 
-    Dense: 2 FLOPs per multiply-add, 6 * (non-embedding params + lm head) per token.
+
+def training_flops(
+    matmul_params: int, head_dim: int, n_heads: int, n_layers: int, seq_lens: Tensor
+) -> float:
+    """The one formula: forward + backward (3x forward) FLOPs of a batch with per-row segment
+    lengths ``seq_lens`` [B, S] (zero padded).
+
+    Dense: 2 FLOPs per multiply-add, 6 * (parameters multiplied per token) per token.
     Attention: a causal segment of n tokens has n^2 / 2 query-key pairs; per pair and head,
     QK^T and PV each cost 2 * head_dim FLOPs forward; x3 for forward + backward; per layer.
     """
     lens = seq_lens.double()
     if (lens < 0).any():
         raise ValueError(f"seq_lens has negative lengths: {seq_lens.tolist()}")
-    tokens = float(lens.sum())
-    return 6.0 * matmul_params(config) * tokens + attention_flops(config, lens)
+    pairs = float((lens**2).sum()) / 2
+    attention = 3.0 * pairs * 2 * (2 * head_dim) * n_heads * n_layers
+    return 6.0 * matmul_params * float(lens.sum()) + attention
 
 
 def matmul_params(config: LlamaConfig) -> int:
@@ -28,9 +38,3 @@ def matmul_params(config: LlamaConfig) -> int:
     embedding = config.vocab_size * config.dim
     tables = embedding if config.tie_embeddings else 2 * embedding
     return config.num_params() - tables + embedding
-
-
-def attention_flops(config: LlamaConfig, lens: Tensor) -> float:
-    pairs = float((lens**2).sum()) / 2
-    per_layer_fwd = pairs * 2 * (2 * config.head_dim) * config.n_heads
-    return 3.0 * per_layer_fwd * config.n_layers

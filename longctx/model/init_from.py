@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from longctx.hf.checkpoint import CONFIG_FILE, _check_supported, config_from_hf, to_hf_name
 from longctx.model.config import LlamaConfig
-from longctx.model.hf import CONFIG_FILE, _check_supported, config_from_hf, to_hf_name
 
 # fields that fix the tensors' shapes or the function the weights compute
 ARCHITECTURE_FIELDS = (

@@ -24,7 +24,8 @@ from longctx.model.attention import (
     resolve_backend,
 )
 from longctx.model.config import LlamaConfig
-from longctx.model.loss import chunked_token_loss
+from longctx.model.flops import estimate_flops
+from longctx.model.interface import PackedCausalLM, check_batch
 from longctx.model.rope import apply_rope, inv_frequencies, rope_cos_sin
 
 
@@ -135,7 +136,7 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-class Llama(nn.Module):
+class Llama(PackedCausalLM):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
@@ -182,28 +183,12 @@ class Llama(nn.Module):
                 h_BLD = layer(h_BLD, cos, sin, meta)
         return self.norm(h_BLD)
 
-    def forward(self, batch: PackedBatch) -> Tensor:
-        """Logits [B, L, V]."""
-        return F.linear(self.hidden_states(batch), self.output_weight)
+    @property
+    def loss_chunk_size(self) -> int:
+        return self.config.loss_chunk_size
 
-    def token_loss(self, batch: PackedBatch) -> Tensor:
-        """fp32 [B, L] cross-entropy per token, 0 where label == -100; chunked over tokens."""
-        h_BLD = self.hidden_states(batch)
-        losses_N = chunked_token_loss(
-            h_BLD.flatten(0, 1),
-            self.output_weight,
-            batch.labels.flatten(),
-            self.config.loss_chunk_size,
-        )
-        return losses_N.view(batch.shape)
-
-    def loss(self, batch: PackedBatch) -> tuple[Tensor, int]:
-        """(fp32 loss summed over target tokens, number of target tokens).
-
-        A sum, not a mean: the caller divides by the global number of target tokens so the
-        loss is the same however tokens are split into rows, micro-batches or ranks.
-        """
-        return self.token_loss(batch).sum(), batch.num_loss_tokens
+    def estimate_flops(self, seq_lens: Tensor) -> float:
+        return estimate_flops(self.config, seq_lens)
 
     def _rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         c = self.config
@@ -212,43 +197,20 @@ class Llama(nn.Module):
         return rope_cos_sin(inv_freq, position_ids, dtype, scale, c.exact_rope_angles)
 
     def _check_batch(self, batch: PackedBatch) -> None:
+        self.config.check_seq_len(batch.row_len)
         device = self.tok_embeddings.weight.device
-        if batch.tokens.device != device:
-            raise ValueError(
-                f"batch is on {batch.tokens.device} but the model is on {device}; "
-                "move it with batch.to(device)"
-            )
-        length = batch.row_len
-        if length > self.config.max_seq_len:
-            raise ValueError(f"batch has L={length} > config.max_seq_len={self.config.max_seq_len}")
-        self._check_id_ranges(batch)
-
-    def _check_id_ranges(self, batch: PackedBatch) -> None:
-        """Out-of-range ids would index past the embedding / RoPE tables: name them instead."""
-        bounds = [batch.tokens.min(), batch.tokens.max()]
-        bounds += [batch.position_ids.min(), batch.position_ids.max()]
-        tok_min, tok_max, pos_min, pos_max = torch.stack(bounds).tolist()  # one device sync
-        if tok_min < 0 or tok_max >= self.config.vocab_size:
-            raise ValueError(
-                f"token ids span [{tok_min}, {tok_max}]; expected ids in "
-                f"[0, vocab_size={self.config.vocab_size})"
-            )
-        if pos_min < 0 or pos_max >= self.config.max_seq_len:
-            raise ValueError(
-                f"position ids span [{pos_min}, {pos_max}]; expected positions in "
-                f"[0, max_seq_len={self.config.max_seq_len})"
-            )
+        check_batch(batch, device, self.config.vocab_size, self.config.max_seq_len)
 
     # ------------------------------------------------------------------ HF interop
     @classmethod
     def from_hf(cls, path: str | Path, **overrides) -> Llama:
         """Load a local Hugging Face Llama folder (config.json + safetensors, maybe sharded)."""
-        from longctx.model.hf import load_hf
+        from longctx.hf.checkpoint import load_hf
 
         return load_hf(cls, path, **overrides)
 
     def save_hf(self, path: str | Path, max_shard_size: str | int = "5GB") -> None:
         """Write a folder that transformers' LlamaForCausalLM.from_pretrained loads."""
-        from longctx.model.hf import save_hf
+        from longctx.hf.checkpoint import save_hf
 
         save_hf(self, path, max_shard_size)

@@ -23,18 +23,19 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
+from longctx.dtypes import dtype_named
 from longctx.model.attention import (
-    ATTENTION_BACKENDS,
     AttentionMetadata,
     attention,
     build_attention_metadata,
     resolve_backend,
 )
-from longctx.model.loss import chunked_token_loss
+from longctx.model.attention_names import check_backend_name
+from longctx.model.flops import training_flops
+from longctx.model.interface import PackedCausalLM, check_batch
 from longctx.model.rope import RopeScaling
 from longctx.model.validation import require_positive
 
@@ -50,7 +51,6 @@ STATEFUL_MODEL_TYPES = frozenset(
     }
 )  # fmt: skip
 SOFTMAX_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class UnsupportedModelError(ValueError):
@@ -155,7 +155,7 @@ def _check_call(module, attention_mask, dropout, sliding_window, softcap, ctx, k
     if not isinstance(ctx, AttentionContext):
         raise RuntimeError(
             f"attn_implementation={ATTN_IMPLEMENTATION!r} was called without PackedBatch metadata "
-            "(the 'longctx' keyword argument); run the model through longctx.hf_adapter.HFCausalLM"
+            "(the 'longctx' keyword argument); run the model through longctx.hf.HFCausalLM"
         )
     if attention_mask is not None:
         raise ValueError("longctx attention takes no attention_mask: documents come from the batch")
@@ -183,7 +183,7 @@ def register_longctx_attention() -> None:
 
 
 # ------------------------------------------------------------------------ the model wrapper
-class HFCausalLM(nn.Module):
+class HFCausalLM(PackedCausalLM):
     """An HF causal LM over PackedBatch, with the interface of longctx's Llama:
     forward(batch) -> logits, hidden_states, token_loss, loss -> (loss_sum, num_tokens)."""
 
@@ -196,8 +196,7 @@ class HFCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         check_supported(hf_model.config)
-        if attn_backend not in ATTENTION_BACKENDS + ("auto",):
-            raise ValueError(f"attn_backend={attn_backend!r}; expected one of {ATTENTION_BACKENDS}")
+        check_backend_name(attn_backend)
         if not isinstance(loss_chunk_size, int) or loss_chunk_size < 1:
             raise ValueError(f"loss_chunk_size={loss_chunk_size!r}; expected a positive int")
         head = hf_model.get_output_embeddings()
@@ -231,22 +230,6 @@ class HFCausalLM(nn.Module):
         self._check_dispatch(ctx)
         return out.last_hidden_state
 
-    def forward(self, batch: PackedBatch) -> Tensor:
-        """Logits [B, L, V] (full: for evaluation and tests at small L)."""
-        return F.linear(self.hidden_states(batch), self.output_weight)
-
-    def token_loss(self, batch: PackedBatch) -> Tensor:
-        """fp32 [B, L] cross-entropy per token, 0 where label == -100; chunked over tokens."""
-        h_ND = self.hidden_states(batch).flatten(0, 1)
-        losses_N = chunked_token_loss(
-            h_ND, self.output_weight, batch.labels.flatten(), self.loss_chunk_size
-        )
-        return losses_N.view(batch.shape)
-
-    def loss(self, batch: PackedBatch) -> tuple[Tensor, int]:
-        """(fp32 loss summed over target tokens, number of target tokens)."""
-        return self.token_loss(batch).sum(), batch.num_loss_tokens
-
     def estimate_flops(self, seq_lens: Tensor) -> float:
         """Forward + backward FLOPs: 6 x matmul parameters per token, attention within documents."""
         return estimate_hf_flops(self.config, self.hf_model, seq_lens)
@@ -262,19 +245,8 @@ class HFCausalLM(nn.Module):
             )
 
     def _check_batch(self, batch: PackedBatch) -> None:
-        device = self.hf_model.get_input_embeddings().weight.device
-        if batch.tokens.device != device:
-            raise ValueError(
-                f"batch is on {batch.tokens.device} but the model is on {device}; "
-                "move it with batch.to(device)"
-            )
-        vocab = self.hf_model.get_input_embeddings().num_embeddings
-        bounds = torch.stack([batch.tokens.min(), batch.tokens.max(), batch.position_ids.min()])
-        tok_min, tok_max, pos_min = bounds.tolist()  # one device sync
-        if tok_min < 0 or tok_max >= vocab:
-            raise ValueError(f"token ids span [{tok_min}, {tok_max}]; the model's vocab is {vocab}")
-        if pos_min < 0:
-            raise ValueError(f"position ids must be >= 0; got a minimum of {pos_min}")
+        embeddings = self.hf_model.get_input_embeddings()
+        check_batch(batch, embeddings.weight.device, embeddings.num_embeddings, None)
 
 
 def logit_scale(config) -> float:
@@ -286,15 +258,13 @@ def logit_scale(config) -> float:
 
 def estimate_hf_flops(config, hf_model: nn.Module, seq_lens: Tensor) -> float:
     text = config.get_text_config()
-    lens = seq_lens.double()
     params = sum(p.numel() for p in hf_model.parameters())
     embed = hf_model.get_input_embeddings().weight.numel()
     tied = hf_model.get_output_embeddings().weight is hf_model.get_input_embeddings().weight
     matmul = params - embed + (embed if tied else 0)
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    pairs = float((lens**2).sum()) / 2
-    attn = 3.0 * pairs * 4 * head_dim * text.num_attention_heads * text.num_hidden_layers
-    return 6.0 * matmul * float(lens.sum()) + attn
+    heads, layers = text.num_attention_heads, text.num_hidden_layers
+    return training_flops(matmul, head_dim, heads, layers, seq_lens)
 
 
 # ------------------------------------------------------------------------ loading
@@ -361,8 +331,7 @@ def load_hf_causal_lm(
     """Load AutoModelForCausalLM from a local folder (no downloads) wrapped as HFCausalLM."""
     from transformers import AutoModelForCausalLM
 
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r}; expected one of {sorted(_DTYPES)}")
+    torch_dtype = dtype_named(dtype)
     config = load_hf_config(path, **(config_overrides or {}))
     register_longctx_attention()
     hf_model = AutoModelForCausalLM.from_pretrained(
@@ -370,7 +339,7 @@ def load_hf_causal_lm(
         config=config,
         local_files_only=True,
         attn_implementation=ATTN_IMPLEMENTATION,
-        dtype=_DTYPES[dtype],
+        dtype=torch_dtype,
     )
     return HFCausalLM(hf_model, attn_backend, loss_chunk_size, activation_checkpointing)
 
@@ -391,12 +360,8 @@ class HFModelSpec:
     config_overrides: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.attn_backend not in ATTENTION_BACKENDS + ("auto",):
-            raise ValueError(
-                f"attn_backend={self.attn_backend!r}; expected one of {ATTENTION_BACKENDS}"
-            )
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype={self.dtype!r}; expected one of {sorted(_DTYPES)}")
+        check_backend_name(self.attn_backend)
+        dtype_named(self.dtype)  # fail now on a typo
         self.config_overrides = dict(self.config_overrides or {})
         _ = self.hf_config  # fail now on a missing folder or a refused family
 
@@ -421,12 +386,12 @@ class HFModelSpec:
             model = AutoModelForCausalLM.from_config(self.hf_config)
         return sum(p.numel() for p in model.parameters())
 
-    def preflight(self, seq_len: int) -> None:
+    def check_seq_len(self, seq_len: int) -> None:
         """Refuse a seq_len the model cannot mask correctly or was not configured for."""
         check_window(self.hf_config, seq_len)
         if seq_len > self.max_seq_len:
             raise ValueError(
-                f"data.seq_len={seq_len} exceeds max_position_embeddings={self.max_seq_len} of "
+                f"L={seq_len} exceeds max_position_embeddings={self.max_seq_len} of "
                 f"{_describe(self.hf_config)}; raise it (and the RoPE settings) with "
                 "model.config_overrides if the model is meant to train longer"
             )

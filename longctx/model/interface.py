@@ -1,0 +1,77 @@
+"""The one interface of every model over PackedBatch (longctx's Llama, the HF adapter).
+
+A model supplies its final-normed hidden states, its output projection and its FLOPs; the logits,
+the per-token loss and the loss sum are computed here, once, for all of them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longctx.batch import PackedBatch
+from longctx.model.loss import chunked_token_loss
+
+
+class PackedCausalLM(nn.Module):
+    """Base of the models the LightningModule, the evaluation and the app run."""
+
+    loss_chunk_size: int  # tokens per chunk of the chunked cross-entropy
+
+    def hidden_states(self, batch: PackedBatch) -> Tensor:
+        """Final-normed hidden states [B, L, dim]."""
+        raise NotImplementedError
+
+    @property
+    def output_weight(self) -> Tensor:
+        """[V, dim] projection from hidden states to logits."""
+        raise NotImplementedError
+
+    def estimate_flops(self, seq_lens: Tensor) -> float:
+        """Forward + backward FLOPs of a batch with per-row segment lengths ``seq_lens``."""
+        raise NotImplementedError
+
+    def forward(self, batch: PackedBatch) -> Tensor:
+        """Logits [B, L, V] (full: for evaluation and tests at small L)."""
+        return F.linear(self.hidden_states(batch), self.output_weight)
+
+    def token_loss(self, batch: PackedBatch) -> Tensor:
+        """fp32 [B, L] cross-entropy per token, 0 where label == -100; chunked over tokens."""
+        h_ND = self.hidden_states(batch).flatten(0, 1)
+        losses_N = chunked_token_loss(
+            h_ND, self.output_weight, batch.labels.flatten(), self.loss_chunk_size
+        )
+        return losses_N.view(batch.shape)
+
+    def loss(self, batch: PackedBatch) -> tuple[Tensor, int]:
+        """(fp32 loss summed over target tokens, number of target tokens).
+
+        A sum, not a mean: the caller divides by the global number of target tokens so the
+        loss is the same however tokens are split into rows, micro-batches or ranks.
+        """
+        return self.token_loss(batch).sum(), batch.num_loss_tokens
+
+
+def check_batch(
+    batch: PackedBatch, device: torch.device, vocab_size: int, max_positions: int | None
+) -> None:
+    """The batch is on the model's device and its ids index inside the embedding and RoPE
+    tables (out-of-range ids would index past them: name them instead)."""
+    if batch.tokens.device != device:
+        raise ValueError(
+            f"batch is on {batch.tokens.device} but the model is on {device}; "
+            "move it with batch.to(device)"
+        )
+    bounds = [batch.tokens.min(), batch.tokens.max()]
+    bounds += [batch.position_ids.min(), batch.position_ids.max()]
+    tok_min, tok_max, pos_min, pos_max = torch.stack(bounds).tolist()  # one device sync
+    if tok_min < 0 or tok_max >= vocab_size:
+        raise ValueError(
+            f"token ids span [{tok_min}, {tok_max}]; expected ids in [0, vocab_size={vocab_size})"
+        )
+    if pos_min < 0 or (max_positions is not None and pos_max >= max_positions):
+        raise ValueError(
+            f"position ids span [{pos_min}, {pos_max}]; expected positions in "
+            f"[0, max_seq_len={max_positions})"
+        )
