@@ -154,15 +154,17 @@ class Plan:
 def layer_activation_bytes(config: LlamaConfig, layout: Layout, tokens: int) -> int:
     """Bytes autograd saves in one transformer block for ``tokens`` tokens on this rank.
 
-    Per token: both norms' inputs (residual dtype) and 1/rms (fp32); the three linear inputs
-    that are not saved elsewhere (attention norm output, attention output, ffn norm output);
+    Per token: both norms' inputs (residual dtype) and 1/rms (fp32); the linear inputs (the
+    attention norm output, attention output and ffn norm output; per linear under autocast);
     q, k, v after RoPE and the attention output; the logsumexp (fp32, per head); SwiGLU's four
     [ffn_dim] tensors (w1 and w3 outputs, silu, product). Under autocast RoPE's cos/sin are
     cast per call (for q and for k). Eager adds its [H, L, L] probabilities and repeated K/V.
     """
     c, r, k = config, layout.residual_bytes, layout.compute_bytes
     per_token = 2 * c.dim * r + 2 * 4  # norm inputs, 1/rms
-    per_token += 3 * c.dim * k  # linear inputs
+    # linear inputs; autocast casts an activation once per linear that reads it (it caches
+    # only weights), so wq/wk/wv and w1/w3 each keep their own bf16 copy
+    per_token += (6 if layout.precision == "bf16-mixed" else 3) * c.dim * k
     per_token += (2 * c.n_heads + 2 * c.n_kv_heads) * c.head_dim * k + c.n_heads * 4
     per_token += 4 * c.ffn_dim * k
     if layout.precision == "bf16-mixed":
