@@ -50,9 +50,11 @@ def saved_bytes_of_one_block(config: LlamaConfig, length: int, autocast: bool) -
             saved[storage.data_ptr()] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            model.layers[0](h, cos, sin, meta)
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+    ):
+        model.layers[0](h, cos, sin, meta)
     return sum(saved.values())
 
 
