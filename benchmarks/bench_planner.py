@@ -3,24 +3,27 @@
 The tiny model (sdpa, fp32, loss_chunk_size 4096 as conf/model/tiny.yaml sets it) trains on one
 row of lognormal documents (bench_step.make_batch: median 600, sigma 1.0) at L = 4k .. 128k,
 with and without activation checkpointing, on 1 process (2 threads) or 2 context-parallel gloo
-processes (1 thread each). Each configuration runs in fresh processes that keep freed memory
-(longctx.cpu_memory, as train.py does on CPU); a step is forward + backward + gradient
-all-reduce (CP) + AdamW, 2 steps (the second runs with AdamW state and the first step's freed
-blocks in the heap; one 128k step takes ~40 s). The
-prediction is ``longctx.planner.plan`` for that layout and that row's document lengths; its
-"runtime baseline" term is the measured peak RSS of a fresh process that has imported torch
-and longctx (a constant of the CPU plan, measured here, not fitted).
+processes (1 thread each). Each configuration runs in fresh processes; a step is forward +
+backward + gradient all-reduce (CP) + AdamW. The prediction is ``longctx.planner.plan`` for that
+layout and that row's document lengths; its "runtime baseline" term is the measured peak RSS of
+a fresh process that has imported torch and longctx (a constant of the CPU plan, measured here,
+not fitted).
+
+Two glibc settings (MALLOC_ENV): "live" returns every large block to the OS when it is freed,
+so peak RSS is the peak of the tensors alive at once, which is what the plan counts; "retain"
+is how train.py runs on CPU, where the heap keeps freed blocks and fragments on top of that.
 
 On CUDA (``--device cuda``) the same runs compare the plan without its runtime term against
 torch.cuda.max_memory_allocated (skipped on a machine without a GPU).
 
-    nice -n 10 .venv/bin/python benchmarks/bench_planner.py           # -> results/planner.json
-    nice -n 10 .venv/bin/python benchmarks/bench_planner.py --lengths 4096 --ranks 1
+    nice -n 10 .venv/bin/python benchmarks/bench_planner.py       # live -> results/planner.json
+    nice -n 10 .venv/bin/python benchmarks/bench_planner.py --malloc live retain --steps 2
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -32,6 +35,11 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 TARGET = 0.15  # |predicted / measured - 1| the issue asks for on CPU (0.10 on a GPU)
+# glibc settings of a worker. "live": every block above 64 KiB is its own mmap, unmapped when
+# freed, so peak RSS follows the tensors alive at once (what the plan counts). "retain": as
+# train.py runs on CPU (longctx.cpu_memory): freed blocks stay in the heap for reuse, and the
+# heap's fragmentation comes on top.
+MALLOC_ENV = {"live": {"MALLOC_MMAP_THRESHOLD_": "65536"}, "retain": {}}
 
 
 def peak_rss_bytes() -> int:
@@ -49,7 +57,9 @@ def baseline_worker() -> None:
     print(json.dumps({"baseline_bytes": peak_rss_bytes()}))
 
 
-def rank_worker(rank: int, size: int, length: int, checkpointing: bool, steps: int, device: str):
+def rank_worker(
+    rank: int, size: int, length: int, checkpointing: bool, steps: int, device: str, malloc: str
+):
     import torch
     import torch.distributed as dist
 
@@ -59,7 +69,8 @@ def rank_worker(rank: int, size: int, length: int, checkpointing: bool, steps: i
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_step import make_batch
 
-    retain_freed_memory()
+    if malloc == "retain":
+        retain_freed_memory()
     torch.set_num_threads(max(1, 2 // size))  # the same 2 cores whatever the rank count
     if size > 1:
         dist.init_process_group("gloo", rank=rank, world_size=size)
@@ -102,9 +113,9 @@ def tiny_config(checkpointing: bool):
     )
 
 
-def run_workers(args: list[str], size: int, port: int) -> list[dict]:
+def run_workers(args: list[str], size: int, port: int, malloc: str = "retain") -> list[dict]:
     """``size`` fresh processes of this script; their JSON lines, by rank."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **MALLOC_ENV[malloc]}
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--worker", str(rank), str(size), *args],
@@ -137,12 +148,14 @@ def predict(length: int, size: int, checkpointing: bool, doc_lengths, baseline: 
     return {"predicted_bytes": plan.total_bytes, "terms": {t.name: t.bytes for t in plan.terms}}
 
 
-def measure(length: int, size: int, checkpointing: bool, baseline: int, device: str) -> dict:
-    steps = 2
+def measure(
+    length: int, size: int, checkpointing: bool, baseline: int, device: str, malloc: str, steps: int
+) -> dict:
     port = 29500 + (os.getpid() + length + 7 * size + checkpointing) % 2000
-    worker_args = [str(length), str(int(checkpointing)), str(steps), device]
-    ranks = run_workers(worker_args, size, port)
+    worker_args = [str(length), str(int(checkpointing)), str(steps), device, malloc]
+    ranks = run_workers(worker_args, size, port, malloc)
     row = {
+        "malloc": malloc,
         "L": length,
         "ranks": size,
         "activation_checkpointing": checkpointing,
@@ -158,22 +171,42 @@ def measure(length: int, size: int, checkpointing: bool, baseline: int, device: 
     return row
 
 
+def repredict(path: Path) -> None:
+    """The current plan against stored measurements (each row's documents are make_batch's)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_step import make_batch
+
+    results = json.loads(path.read_text())
+    baseline = results["meta"]["baseline_bytes"]
+    for row in results["rows"]:
+        seq_lens = make_batch(row["L"], seed=0).seq_lens[0]
+        doc_lengths = [int(n) for n in seq_lens if n > 0]
+        row |= predict(
+            row["L"], row["ranks"], row["activation_checkpointing"], doc_lengths, baseline
+        )
+        row["ratio"] = row["predicted_bytes"] / row["measured_bytes"]
+    path.write_text(json.dumps(results, indent=1))
+    print_table(results["rows"], baseline, "measured")
+    print(f"rewrote {path}")
+
+
 def print_table(rows: list[dict], baseline: int, measured_what: str) -> None:
     print(
         f"\nruntime baseline (fresh process, torch + longctx imported): {baseline / 2**30:.3f} GiB"
     )
     print(
-        f"{'L':>7} {'ranks':>5} {'ckpt':>5} {'predicted GiB':>14} {f'{measured_what} GiB':>14} "
+        f"{'malloc':>6} {'L':>7} {'ranks':>5} {'ckpt':>5} {'predicted GiB':>14} {f'{measured_what} GiB':>14} "
         f"{'pred/meas':>9} {'step s':>7}"
     )
     for r in rows:
         print(
-            f"{r['L']:>7} {r['ranks']:>5} {str(r['activation_checkpointing']):>5} "
+            f"{r['malloc']:>6} {r['L']:>7} {r['ranks']:>5} {str(r['activation_checkpointing']):>5} "
             f"{r['predicted_bytes'] / 2**30:>14.3f} {r['measured_bytes'] / 2**30:>14.3f} "
             f"{r['ratio']:>9.3f} {r['step_s']:>7.1f}"
         )
-    worst = max(abs(r["ratio"] - 1) for r in rows)
-    print(f"worst |predicted/measured - 1| = {worst:.3f} (target {TARGET})")
+    for malloc in dict.fromkeys(r["malloc"] for r in rows):
+        worst = max(abs(r["ratio"] - 1) for r in rows if r["malloc"] == malloc)
+        print(f"{malloc}: worst |predicted/measured - 1| = {worst:.3f} (target {TARGET})")
 
 
 def main() -> None:
@@ -181,8 +214,15 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--malloc", choices=sorted(MALLOC_ENV), nargs="+", default=["live"])
+    parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--repredict", type=Path, help="recompute a results file's predictions, measure nothing"
+    )
     args = parser.parse_args()
+    if args.repredict:
+        return repredict(args.repredict)
     if args.device == "cuda":
         import torch
 
@@ -195,8 +235,10 @@ def main() -> None:
     rows = []
     for length in args.lengths:
         for size in args.ranks:
-            for checkpointing in (False, True):
-                rows.append(measure(length, size, checkpointing, baseline, args.device))
+            for checkpointing, malloc in itertools.product((False, True), args.malloc):
+                rows.append(
+                    measure(length, size, checkpointing, baseline, args.device, malloc, args.steps)
+                )
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "terms"}), flush=True)
                 write(out, rows, baseline, args.device)  # a long run keeps what it measured
     print_table(rows, baseline, "RSS" if args.device == "cpu" else "CUDA max alloc")
@@ -226,6 +268,6 @@ if __name__ == "__main__":
             baseline_worker()
         else:
             rank, size, length, ckpt, steps = (int(a) for a in sys.argv[2:7])
-            rank_worker(rank, size, length, bool(ckpt), steps, sys.argv[7])
+            rank_worker(rank, size, length, bool(ckpt), steps, *sys.argv[7:9])
     else:
         main()

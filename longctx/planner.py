@@ -103,11 +103,16 @@ class Layout:
         return 4 if self.precision == "fp32" else 2
 
 
+# Transient terms belong to one phase of backward; the phases do not overlap in time.
+LOSS_PHASE, BLOCK_PHASE = "loss backward", "block backward"
+
+
 @dataclass(frozen=True)
 class Term:
     name: str
     bytes: int
     note: str = ""
+    phase: str = ""  # "" = held throughout the step's peak; else alive only in that phase
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,11 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.bytes for t in self.terms)
+        """Held terms plus the larger of the phases' transient terms: the peak."""
+        held = sum(t.bytes for t in self.terms if not t.phase)
+        phases = {t.phase for t in self.terms if t.phase}
+        peaks = [sum(t.bytes for t in self.terms if t.phase == p) for p in phases]
+        return held + max(peaks, default=0)
 
     @property
     def fits(self) -> bool:
@@ -193,16 +202,18 @@ def activation_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
     block_inputs = config.n_layers * tokens * config.dim * layout.residual_bytes
     return [
         Term(f"activations ({config.n_layers} block inputs, checkpointed)", block_inputs),
-        Term("activations of the block recomputed in backward", layer),
+        Term("activations of the block recomputed in backward", layer, phase=BLOCK_PHASE),
         Term("activations outside the blocks", shared, "final norm, RoPE tables, ids"),
     ]
 
 
 def backward_working_bytes(config: LlamaConfig, layout: Layout) -> int:
-    """Gradients alive inside one block's backward: SwiGLU's three [ffn_dim] gradients (of the
-    product, of silu and of w3's output) and two [dim] gradients (residual, norm output)."""
+    """Gradients alive at once inside one block's backward, beyond its saved tensors: at the
+    SwiGLU product's backward, the gradients of silu's and of w3's outputs ([ffn_dim] each;
+    the product's own gradient and saved tensors are freed as they are consumed), and the
+    residual stream's gradient with the branch's ([dim] each)."""
     tokens, k = layout.tokens_per_rank, layout.compute_bytes
-    per_token = 3 * config.ffn_dim * k + 2 * config.dim * layout.residual_bytes
+    per_token = 2 * config.ffn_dim * k + 2 * config.dim * layout.residual_bytes
     total = tokens * per_token
     if layout.attn_backend == "eager":  # gradients of the probabilities and of the scores
         total += (
@@ -224,12 +235,13 @@ def loss_bytes(config: LlamaConfig, layout: Layout) -> int:
     return chunk * config.vocab_size * per_logit
 
 
-def gathered_kv_bytes(config: LlamaConfig, layout: Layout) -> tuple[int, str]:
-    """Context parallelism: the whole rows' K and V of one block (forward), their gradient
-    (backward) and, kept per block for backward, the key spans the local queries need: all of
-    it for flex; for sdpa/flash the documents that cross into this rank's 2 x rounds chunks."""
+def gathered_kv_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
+    """Context parallelism: the whole rows' K and V of one block and their gradient (in a
+    block's backward; its forward holds one of the two), and, kept per block for backward, the
+    key spans the local queries need: all of the row for flex and eager; for sdpa/flash the
+    documents that cross into this rank's 2 x rounds chunks."""
     if layout.context_parallel == 1:
-        return 0, ""
+        return []
     c = config
     row_kv = 2 * layout.micro_batch_size * layout.seq_len * c.n_kv_heads * c.head_dim
     row_kv *= layout.compute_bytes
@@ -240,10 +252,10 @@ def gathered_kv_bytes(config: LlamaConfig, layout: Layout) -> tuple[int, str]:
         kept_fraction = min(1.0, spans / layout.seq_len)
     blocks_kept = 1 if layout.activation_checkpointing else c.n_layers
     kept = int(row_kv * kept_fraction) * blocks_kept
-    return (
-        2 * row_kv + kept,
-        f"rows' K/V of one block and its gradient; {blocks_kept} block(s) keep key spans",
-    )
+    return [
+        Term("gathered K/V and its gradient (one block)", 2 * row_kv, phase=BLOCK_PHASE),
+        Term("kept K/V spans (context parallel)", kept, f"{blocks_kept} block(s)"),
+    ]
 
 
 def size_biased_mean(layout: Layout) -> float:
@@ -295,10 +307,16 @@ def root_params(config: LlamaConfig) -> int:
 
 def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Term]:
     terms = parameter_terms(config, layout) + activation_terms(config, layout)
-    terms.append(Term("backward working set (one block)", backward_working_bytes(config, layout)))
+    working = backward_working_bytes(config, layout)
+    terms.append(Term("backward working set (one block)", working, phase=BLOCK_PHASE))
     chunk = min(layout.tokens_per_rank, config.loss_chunk_size)
     terms.append(
-        Term("chunked loss buffers", loss_bytes(config, layout), f"{chunk}-token chunk x vocab")
+        Term(
+            "chunked loss buffers",
+            loss_bytes(config, layout),
+            f"{chunk}-token chunk x vocab",
+            phase=LOSS_PHASE,
+        )
     )
     if layout.attn_backend == "eager":
         mask = (
@@ -307,9 +325,7 @@ def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Te
             * (layout.tokens_per_rank // layout.micro_batch_size)
         )
         terms.append(Term("dense L x L mask (eager)", mask, "bool"))
-    kv, note = gathered_kv_bytes(config, layout)
-    if kv:
-        terms.append(Term("gathered K/V (context parallel)", kv, note))
+    terms += gathered_kv_terms(config, layout)
     terms.append(Term("runtime baseline", device.baseline_bytes, device.baseline_note))
     return terms
 
@@ -492,10 +508,13 @@ def format_plan(plan: Plan) -> str:
         f"  row {lay.seq_len:,} tokens x micro_batch_size {lay.micro_batch_size}: "
         f"{lay.tokens_per_rank:,} tokens per rank",
     ]
-    lines += [f"  {t.name:<52} {t.bytes / GIB:>10.3f} GiB  {t.note}" for t in plan.terms]
+    lines += [
+        f"  {t.name:<52} {t.bytes / GIB:>10.3f} GiB  {t.note}{f' [{t.phase} only]' if t.phase else ''}"
+        for t in plan.terms
+    ]
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     lines.append(
-        f"  {'total':<52} {plan.total_bytes / GIB:>10.3f} GiB  of {dev.memory_bytes / GIB:,.1f} "
+        f"  {'peak: held + the larger backward phase':<52} {plan.total_bytes / GIB:>10.3f} GiB  of {dev.memory_bytes / GIB:,.1f} "
         f"GiB: {verdict}; largest term: {plan.largest.name}"
     )
     per_layer = ", ".join(f"{k} {v / GIB:.3f} GiB" for k, v in plan.activations_per_layer.items())
