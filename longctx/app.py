@@ -253,9 +253,14 @@ def available_memory_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_memory(model_config: LlamaConfig, trainer_cfg: DictConfig, device: torch.device) -> None:
+def sharded_strategy(trainer_cfg: DictConfig) -> bool:
+    """FSDP2 (or any ModelParallel / FSDP strategy): parameters sharded over the ranks."""
     target = str(OmegaConf.select(trainer_cfg, "strategy._target_", default=""))
-    sharded = "ModelParallel" in target or "FSDP" in target
+    return "ModelParallel" in target or "FSDP" in target
+
+
+def check_memory(model_config: LlamaConfig, trainer_cfg: DictConfig, device: torch.device) -> None:
+    sharded = sharded_strategy(trainer_cfg)
     devices = trainer_cfg.get("devices", 1) if isinstance(trainer_cfg.get("devices"), int) else 1
     shards = devices * int(trainer_cfg.get("num_nodes", 1)) if sharded else 1
     need, have = training_memory_bytes(model_config, shards), available_memory_bytes(device)
@@ -329,9 +334,7 @@ def dry_run_report(model_config: LlamaConfig, cfg: DictConfig, device: torch.dev
 def planner_layout(cfg: DictConfig, model_config: LlamaConfig, device: torch.device):
     """The run's layout as the planner sees it (worst case: one document per row)."""
     strategy = cfg.trainer.get("strategy") or {}
-    fsdp = "FSDP" in str(strategy.get("_target_", "")) or "ModelParallel" in str(
-        strategy.get("_target_", "")
-    )
+    fsdp = sharded_strategy(cfg.trainer)
     devices = cfg.trainer.get("devices", 1)
     return planner.Layout(
         seq_len=cfg.data.seq_len,

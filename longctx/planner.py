@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -140,7 +140,7 @@ class Plan:
     step: StepTime | None
     suggestion: Layout | None = None
     suggestion_change: str = ""
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -408,25 +408,18 @@ def plan(config: LlamaConfig, layout: Layout, device: Device, mfu: float = DEFAU
 
 
 def _plan(config: LlamaConfig, layout: Layout, device: Device, mfu: float) -> Plan:
-    terms = memory_terms(config, layout, device)
+    tokens = layout.tokens_per_rank
     per_layer = {
-        checkpointed: layer_activation_bytes(
-            config, dataclasses.replace(layout, activation_checkpointing=checkpointed),
-            layout.tokens_per_rank,
-        )
-        if not checkpointed
-        else layout.tokens_per_rank * config.dim * layout.residual_bytes
-        for checkpointed in (False, True)
-    }  # fmt: skip
-    step = step_time(config, layout, device, mfu) if device.peak_flops else None
-    notes = ()
-    if device.peak_flops is None:
+        "without checkpointing": layer_activation_bytes(config, layout, tokens),
+        "with checkpointing": tokens * config.dim * layout.residual_bytes,  # the block's input
+    }
+    step, notes = None, ()
+    if device.peak_flops:
+        step = step_time(config, layout, device, mfu)
+    else:
         notes = (f"step time: unknown peak FLOP/s for {device.name}; set peak_flops_per_device",)
-    return Plan(
-        layout, device, tuple(terms),
-        {"without checkpointing": per_layer[False], "with checkpointing": per_layer[True]},
-        step, notes=notes,
-    )  # fmt: skip
+    terms = tuple(memory_terms(config, layout, device))
+    return Plan(layout, device, terms, per_layer, step, notes=notes)
 
 
 def candidates(layout: Layout) -> list[Layout]:
