@@ -179,9 +179,8 @@ def layer_activation_bytes(config: LlamaConfig, layout: Layout, tokens: int) -> 
     if layout.precision == "bf16-mixed":
         per_token += 2 * c.head_dim * k  # cos and sin cast to bf16, for q and for k
     total = tokens * per_token
-    if layout.attn_backend == "eager":
-        rows, keys = layout.micro_batch_size, layout.seq_len
-        total += rows * c.n_heads * (tokens // rows) * keys * 4  # fp32 probabilities
+    if layout.attn_backend == "eager":  # each local query against its whole row's keys
+        total += c.n_heads * tokens * layout.seq_len * 4  # fp32 probabilities
         total += 2 * tokens * c.n_heads * c.head_dim * 4  # k, v repeated to every head, fp32
     return total
 
@@ -216,14 +215,7 @@ def backward_working_bytes(config: LlamaConfig, layout: Layout) -> int:
     per_token = 2 * config.ffn_dim * k + 2 * config.dim * layout.residual_bytes
     total = tokens * per_token
     if layout.attn_backend == "eager":  # gradients of the probabilities and of the scores
-        total += (
-            2
-            * layout.micro_batch_size
-            * config.n_heads
-            * (tokens // layout.micro_batch_size)
-            * layout.seq_len
-            * 4
-        )
+        total += 2 * config.n_heads * tokens * layout.seq_len * 4
     return total
 
 
@@ -319,11 +311,7 @@ def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Te
         )
     )
     if layout.attn_backend == "eager":
-        mask = (
-            layout.micro_batch_size
-            * layout.seq_len
-            * (layout.tokens_per_rank // layout.micro_batch_size)
-        )
+        mask = layout.tokens_per_rank * layout.seq_len  # [B, L/CP, L] bool
         terms.append(Term("dense L x L mask (eager)", mask, "bool"))
     terms += gathered_kv_terms(config, layout)
     terms.append(Term("runtime baseline", device.baseline_bytes, device.baseline_note))
