@@ -21,6 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError
 
+from longctx import planner
 from longctx.arms import arm_description
 from longctx.checkpoint import (
     AtomicCheckpointIO,
@@ -191,6 +192,7 @@ def pop_context_parallel(cfg: DictConfig) -> tuple[int, int]:
     """Take longctx's own keys out of cfg.trainer (lightning.Trainer refuses them):
     (context_parallel, context_parallel_rounds)."""
     with open_dict(cfg.trainer):
+        cfg.trainer.pop("device_memory_gb", None)  # the capacity planner's key
         return cfg.trainer.pop("context_parallel", 1), cfg.trainer.pop("context_parallel_rounds", 1)
 
 
@@ -220,9 +222,14 @@ def available_memory_bytes(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_memory(model_config: LlamaConfig, trainer_cfg: DictConfig, device: torch.device) -> None:
+def sharded_strategy(trainer_cfg: DictConfig) -> bool:
+    """FSDP2 (or any ModelParallel / FSDP strategy): parameters sharded over the ranks."""
     target = str(OmegaConf.select(trainer_cfg, "strategy._target_", default=""))
-    sharded = "ModelParallel" in target or "FSDP" in target
+    return "ModelParallel" in target or "FSDP" in target
+
+
+def check_memory(model_config: LlamaConfig, trainer_cfg: DictConfig, device: torch.device) -> None:
+    sharded = sharded_strategy(trainer_cfg)
     devices = trainer_cfg.get("devices", 1) if isinstance(trainer_cfg.get("devices"), int) else 1
     shards = devices * int(trainer_cfg.get("num_nodes", 1)) if sharded else 1
     need, have = training_memory_bytes(model_config, shards), available_memory_bytes(device)
@@ -249,7 +256,8 @@ def preflight(
     cfg: DictConfig, model_config, seq_len: int, context_parallel: int, rounds: int
 ) -> torch.device:
     device = training_device(cfg.trainer)
-    check_devices(cfg.trainer, device)
+    if not cfg.dry_run:  # a dry run plans for the target machine, maybe not this one
+        check_devices(cfg.trainer, device)
     check_topology(cfg.trainer)
     check_context_parallel(cfg.trainer, model_config, seq_len, context_parallel, rounds)
     chunks = 2 * context_parallel * rounds if context_parallel > 1 else 1
@@ -261,7 +269,7 @@ def preflight(
 
 
 # ---------------------------------------------------------------------- composition
-def dry_run_report(model_config: LlamaConfig, cfg: DictConfig) -> dict:
+def dry_run_report(model_config: LlamaConfig, cfg: DictConfig, device: torch.device) -> dict:
     if isinstance(model_config, LlamaConfig):
         with torch.device("meta"):
             params = sum(p.numel() for p in Llama(model_config).parameters())
@@ -277,7 +285,89 @@ def dry_run_report(model_config: LlamaConfig, cfg: DictConfig) -> dict:
         f"dry run: {params:,} parameters, about {report['training_memory_gib_per_device']:,.1f} "
         f"GiB for weights, gradients and AdamW state; nothing allocated"
     )
-    return report
+    if not isinstance(model_config, LlamaConfig):
+        print("capacity plan: covers longctx's Llama (model=tiny/llama3_*) only")
+        return report
+    if cfg.planner.device:  # planning for named GPUs, maybe from a machine without them
+        device = torch.device("cuda")
+    try:
+        capacity = planner.plan(
+            model_config,
+            planner_layout(cfg, model_config, device),
+            planner_device(cfg, device),
+            mfu=cfg.planner.mfu,
+        )
+    except planner.PlanError as err:
+        raise ConfigError(str(err)) from err
+    print(planner.format_plan(capacity))
+    return report | {"plan": planner.plan_dict(capacity)}
+
+
+def planner_layout(cfg: DictConfig, model_config: LlamaConfig, device: torch.device):
+    """The run's layout as the planner sees it (worst case: one document per row)."""
+    strategy = cfg.trainer.get("strategy") or {}
+    fsdp = sharded_strategy(cfg.trainer)
+    devices = cfg.trainer.get("devices", 1)
+    return planner.Layout(
+        seq_len=cfg.data.seq_len,
+        micro_batch_size=cfg.data.micro_batch_size,
+        num_nodes=int(cfg.trainer.get("num_nodes", 1)),
+        devices=devices if isinstance(devices, int) else 1,
+        context_parallel=cfg.trainer.get("context_parallel", 1),
+        context_parallel_rounds=cfg.trainer.get("context_parallel_rounds", 1),
+        fsdp=fsdp,
+        precision=planner_precision(cfg.trainer, fsdp, device),
+        activation_checkpointing=model_config.activation_checkpointing
+        or bool(strategy.get("activation_checkpointing", False)),
+        attn_backend=resolve_backend(model_config.attn_backend, device),
+        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+        max_steps=cfg.trainer.max_steps,
+    )
+
+
+def planner_precision(trainer_cfg: DictConfig, fsdp: bool, device: torch.device) -> str:
+    if fsdp:  # FSDP2's mixed-precision policy casts; Lightning's precision stays 32-true
+        name = trainer_cfg.strategy.get("param_dtype", "auto")
+        bf16 = name == "bfloat16" or (name == "auto" and device.type == "cuda")
+        return "bf16" if bf16 else "fp32"
+    precision = str(trainer_cfg.get("precision", "32-true"))
+    known = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16"}
+    if precision not in known:
+        raise ConfigError(f"trainer.precision={precision}: the capacity plan knows {sorted(known)}")
+    return known[precision]
+
+
+def planner_device(cfg: DictConfig, device: torch.device) -> planner.Device:
+    """planner.device names a known accelerator (else the visible GPU's name); the keys
+    trainer.device_memory_gb and peak_flops_per_device override or supply its numbers."""
+    memory_gb, peak = cfg.trainer.get("device_memory_gb"), cfg.get("peak_flops_per_device")
+    bandwidths = {
+        "intra_node_bytes_per_s": cfg.planner.intra_node_gb_per_s * 1e9,
+        "inter_node_bytes_per_s": cfg.planner.inter_node_gb_per_s * 1e9,
+    }
+    if device.type == "cpu":
+        memory = memory_gb * 1e9 if memory_gb else available_memory_bytes(device)
+        rss = planner.process_rss_bytes()
+        note = "this process's RSS (Python, torch, the app's imports), measured"
+        return planner.Device("cpu", int(memory), peak, rss, note, **bandwidths)
+    name = cfg.planner.device or (
+        torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    )
+    if name is not None and (memory_gb is None or peak is None):
+        known = planner.known_device(name)
+        memory_gb = memory_gb or known.memory_bytes / 1e9
+        peak = peak or known.peak_flops
+    for key, value in (("trainer.device_memory_gb", memory_gb), ("peak_flops_per_device", peak)):
+        if value is None:
+            raise ConfigError(
+                f"the capacity plan needs {key} for this accelerator (no GPU is visible and "
+                f"planner.device is not set to one of {sorted(planner.KNOWN_DEVICES)})"
+            )
+    baseline = planner.CUDA_RUNTIME_BYTES
+    return planner.Device(
+        name or "gpu", int(memory_gb * 1e9), peak, baseline, "CUDA context + NCCL (stated)",
+        **bandwidths,
+    )  # fmt: skip
 
 
 def build_callbacks(cfg: DictConfig) -> list:
@@ -319,7 +409,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         cfg, model_config, data_config.seq_len, context_parallel, context_parallel_rounds
     )
     if cfg.dry_run:
-        return dry_run_report(model_config, cfg)
+        return dry_run_report(model_config, cfg, device)
     identity = run_identity(model_config, data_config)
     resume = resume_point(cfg, output_dir, identity, holds_folder)
     if holds_folder:

@@ -1,0 +1,534 @@
+"""Capacity planner: per-rank memory and step time of a training run, before anything is allocated.
+
+``dry_run=true`` prints a :class:`Plan`. Memory is a list of named terms in bytes per rank,
+each derived from what the code keeps, not from a rule of thumb:
+
+- parameters, gradients, AdamW state: fp32 (the optimizer's master copy), divided over the
+  world under FSDP2 (which shards over every rank, context-parallel ones included);
+- saved activations: what autograd keeps per transformer block (counted tensor by tensor in
+  :func:`layer_activation_bytes`, checked against autograd's saved tensors in the tests);
+  with activation checkpointing only each block's input, plus one block recomputed in backward;
+- the backward working set of one block, the chunked loss's logits buffers, eager's dense mask,
+  context parallelism's gathered K/V, FSDP2's gathered parameters, autocast's bf16 weights;
+- a runtime baseline: on CPU the measured RSS of this process (Python, torch and the app's
+  imports); on a GPU a stated allowance for the CUDA context and NCCL buffers.
+
+Step time is a roofline: model FLOPs (``longctx.model.estimate_flops``, attention inside
+documents only) over peak x MFU, plus FSDP2's parameter traffic where it outlasts compute
+(prefetched, so it overlaps) and the K/V all-gather, which sits on the critical path.
+
+    python benchmarks/plan_table.py   # the README's Llama 3 8B table -> results/planning_table.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+from dataclasses import dataclass
+
+import torch
+
+from longctx.model.config import LlamaConfig
+from longctx.model.flops import estimate_flops
+
+GIB = 2**30
+PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+# (memory GB as sold, dense bf16 FLOP/s) of accelerators the planner knows by name
+KNOWN_DEVICES = {"H100": (80, 989e12), "H200": (141, 989e12), "A100": (80, 312e12)}
+# CUDA context, NCCL buffers and allocator slack per GPU: a stated allowance, not measured here
+CUDA_RUNTIME_BYTES = 2 * GIB
+# NVLink 4 all-gather bus bandwidth within a node; one 400 Gb/s NIC per GPU between nodes
+INTRA_NODE_BYTES_PER_S = 360e9
+INTER_NODE_BYTES_PER_S = 45e9
+# no GPU MFU has been measured in this project yet: a stated assumption (set planner.mfu)
+DEFAULT_MFU = 0.40
+
+
+class PlanError(ValueError):
+    """A planning input that is missing or cannot work; the message names the key to set."""
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_bytes: int
+    peak_flops: float | None  # dense FLOP/s of one device in the compute dtype; None = unknown
+    baseline_bytes: int  # what the process holds outside tensors (see module docstring)
+    baseline_note: str
+    intra_node_bytes_per_s: float = INTRA_NODE_BYTES_PER_S
+    inter_node_bytes_per_s: float = INTER_NODE_BYTES_PER_S
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a run is laid out over ranks, and what each rank computes."""
+
+    seq_len: int
+    micro_batch_size: int = 1
+    num_nodes: int = 1
+    devices: int = 1  # per node
+    context_parallel: int = 1
+    context_parallel_rounds: int = 1
+    fsdp: bool = False  # FSDP2 over the world; otherwise replicated (DDP / one process)
+    precision: str = "fp32"  # fp32 | bf16-mixed (autocast, fp32 residual) | bf16 (FSDP2 bf16)
+    activation_checkpointing: bool = False
+    attn_backend: str = "sdpa"  # resolved: flash | flex | sdpa | eager
+    accumulate_grad_batches: int = 1
+    max_steps: int = 1
+    # a row's document lengths (cycled to fill a row); empty = one document per row (worst case)
+    doc_lengths: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise PlanError(f"precision={self.precision!r}; expected one of {PRECISIONS}")
+        for name in ("seq_len", "micro_batch_size", "num_nodes", "devices", "context_parallel"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"{name}={getattr(self, name)}; expected >= 1")
+
+    @property
+    def world(self) -> int:
+        return self.num_nodes * self.devices
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens of one micro-batch on one rank: its rows, or its share of them under CP."""
+        return self.micro_batch_size * self.seq_len // self.context_parallel
+
+    @property
+    def residual_bytes(self) -> int:
+        return 2 if self.precision == "bf16" else 4
+
+    @property
+    def compute_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+
+# Transient terms belong to one phase of backward; the phases do not overlap in time.
+LOSS_PHASE, BLOCK_PHASE = "loss backward", "block backward"
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    note: str = ""
+    phase: str = ""  # "" = held throughout the step's peak; else alive only in that phase
+
+
+@dataclass(frozen=True)
+class StepTime:
+    flops_per_rank: float  # model FLOPs of one optimizer step on one rank
+    peak_flops: float
+    mfu: float
+    compute_s: float
+    fsdp_bytes: float  # parameter all-gathers + gradient reduce-scatter received per rank
+    fsdp_s: float
+    kv_bytes: float  # context-parallel K/V all-gather + reduce-scatter received per rank
+    kv_s: float
+    step_s: float
+    tokens_per_s_per_gpu: float
+    wall_s: float  # max_steps steps
+    documents: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: Layout
+    device: Device
+    terms: tuple[Term, ...]
+    activations_per_layer: dict[str, int]  # saved bytes of one block, without / with checkpointing
+    step: StepTime | None
+    suggestion: Layout | None = None
+    suggestion_change: str = ""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        """Held terms plus the larger of the phases' transient terms: the peak."""
+        held = sum(t.bytes for t in self.terms if not t.phase)
+        phases = {t.phase for t in self.terms if t.phase}
+        peaks = [sum(t.bytes for t in self.terms if t.phase == p) for p in phases]
+        return held + max(peaks, default=0)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.device.memory_bytes
+
+    @property
+    def largest(self) -> Term:
+        return max(self.terms, key=lambda t: t.bytes)
+
+
+# --------------------------------------------------------------------------- memory terms
+def layer_activation_bytes(config: LlamaConfig, layout: Layout, tokens: int) -> int:
+    """Bytes autograd saves in one transformer block for ``tokens`` tokens on this rank.
+
+    Per token: both norms' inputs (residual dtype) and 1/rms (fp32); the linear inputs (the
+    attention norm output, attention output and ffn norm output; per linear under autocast);
+    q, k, v after RoPE and the attention output; the logsumexp (fp32, per head); SwiGLU's four
+    [ffn_dim] tensors (w1 and w3 outputs, silu, product). Under autocast RoPE's cos/sin are
+    cast per call (for q and for k). Eager adds its [H, L, L] probabilities and repeated K/V.
+    """
+    c, r, k = config, layout.residual_bytes, layout.compute_bytes
+    per_token = 2 * c.dim * r + 2 * 4  # norm inputs, 1/rms
+    # linear inputs; autocast casts an activation once per linear that reads it (it caches
+    # only weights), so wq/wk/wv and w1/w3 each keep their own bf16 copy
+    per_token += (6 if layout.precision == "bf16-mixed" else 3) * c.dim * k
+    per_token += (2 * c.n_heads + 2 * c.n_kv_heads) * c.head_dim * k + c.n_heads * 4
+    per_token += 4 * c.ffn_dim * k
+    if layout.precision == "bf16-mixed":
+        per_token += 2 * c.head_dim * k  # cos and sin cast to bf16, for q and for k
+    total = tokens * per_token
+    if layout.attn_backend == "eager":  # each local query against its whole row's keys
+        total += c.n_heads * tokens * layout.seq_len * 4  # fp32 probabilities
+        total += 2 * tokens * c.n_heads * c.head_dim * 4  # k, v repeated to every head, fp32
+    return total
+
+
+def activation_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
+    tokens = layout.tokens_per_rank
+    layer = layer_activation_bytes(config, layout, tokens)
+    shared = tokens * (
+        2 * config.dim * layout.residual_bytes  # final norm input and output
+        + config.head_dim * 4  # cos and sin, fp32, shared by every block
+        + 8 * 3  # tokens, labels, position ids (int64)
+    )
+    if not layout.activation_checkpointing:
+        return [
+            Term(f"activations ({config.n_layers} blocks saved)", config.n_layers * layer),
+            Term("activations outside the blocks", shared, "final norm, RoPE tables, ids"),
+        ]
+    block_inputs = config.n_layers * tokens * config.dim * layout.residual_bytes
+    return [
+        Term(f"activations ({config.n_layers} block inputs, checkpointed)", block_inputs),
+        Term("activations of the block recomputed in backward", layer, phase=BLOCK_PHASE),
+        Term("activations outside the blocks", shared, "final norm, RoPE tables, ids"),
+    ]
+
+
+def backward_working_bytes(config: LlamaConfig, layout: Layout) -> int:
+    """Gradients alive at once inside one block's backward, beyond its saved tensors: at the
+    SwiGLU product's backward, the gradients of silu's and of w3's outputs ([ffn_dim] each;
+    the product's own gradient and saved tensors are freed as they are consumed), and the
+    residual stream's gradient with the branch's ([dim] each)."""
+    tokens, k = layout.tokens_per_rank, layout.compute_bytes
+    per_token = 2 * config.ffn_dim * k + 2 * config.dim * layout.residual_bytes
+    total = tokens * per_token
+    if layout.attn_backend == "eager":  # gradients of the probabilities and of the scores
+        total += 2 * config.n_heads * tokens * layout.seq_len * 4
+    return total
+
+
+def loss_bytes(config: LlamaConfig, layout: Layout) -> int:
+    """The chunked loss: one chunk's fp32 log-softmax, its gradient and the logits' gradient
+    (three fp32 [chunk, vocab]), plus the compute-dtype logits and their gradient under bf16."""
+    chunk = min(layout.tokens_per_rank, config.loss_chunk_size)
+    per_logit = 3 * 4 + (2 * layout.compute_bytes if layout.compute_bytes != 4 else 0)
+    return chunk * config.vocab_size * per_logit
+
+
+def gathered_kv_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
+    """Context parallelism: the whole rows' K and V of one block and their gradient (in a
+    block's backward; its forward holds one of the two), and, kept per block for backward, the
+    key spans the local queries need: all of the row for flex and eager; for sdpa/flash the
+    documents that cross into this rank's 2 x rounds chunks."""
+    if layout.context_parallel == 1:
+        return []
+    c = config
+    row_kv = 2 * layout.micro_batch_size * layout.seq_len * c.n_kv_heads * c.head_dim
+    row_kv *= layout.compute_bytes
+    if layout.attn_backend in ("flex", "eager"):
+        kept_fraction = 1.0
+    else:
+        spans = 2 * layout.context_parallel_rounds * size_biased_mean(layout)
+        kept_fraction = min(1.0, spans / layout.seq_len)
+    blocks_kept = 1 if layout.activation_checkpointing else c.n_layers
+    kept = int(row_kv * kept_fraction) * blocks_kept
+    return [
+        Term("gathered K/V and its gradient (one block)", 2 * row_kv, phase=BLOCK_PHASE),
+        Term("kept K/V spans (context parallel)", kept, f"{blocks_kept} block(s)"),
+    ]
+
+
+def size_biased_mean(layout: Layout) -> float:
+    """Mean length of the document a random token sits in (sum n^2 / sum n)."""
+    lens = row_lengths(layout)
+    return sum(n * n for n in lens) / sum(lens)
+
+
+def row_lengths(layout: Layout) -> list[int]:
+    """One row's document lengths: ``doc_lengths`` cycled and cut to fill seq_len."""
+    if not layout.doc_lengths:
+        return [layout.seq_len]
+    lens, total, i = [], 0, 0
+    while total < layout.seq_len:
+        n = min(layout.doc_lengths[i % len(layout.doc_lengths)], layout.seq_len - total)
+        lens.append(n)
+        total, i = total + n, i + 1
+    return lens
+
+
+def parameter_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
+    """fp32 weights (the optimizer's master copy), fp32 gradients, AdamW's two fp32 moments;
+    FSDP2 divides each over the world and gathers a block at a time (two with prefetch), plus
+    the root (embeddings, output, final norm), in the compute dtype, with one block's
+    unsharded gradients. Autocast caches a bf16 copy of every weight for the step."""
+    params = config.num_params()
+    shards = layout.world if layout.fsdp else 1
+    where = f"sharded over {shards} ranks" if shards > 1 else "replicated"
+    terms = [
+        Term("parameters (fp32)", params * 4 // shards, where),
+        Term("gradients (fp32)", params * 4 // shards, where),
+        Term("optimizer state (AdamW, fp32 x 2)", params * 8 // shards, where),
+    ]
+    if layout.fsdp and shards > 1:
+        block = (params - root_params(config)) // config.n_layers
+        gathered = (root_params(config) + 2 * block) * layout.compute_bytes + block * 4
+        terms.append(
+            Term("gathered parameters (FSDP2)", gathered, "root + 2 blocks + 1 block's grads")
+        )
+    if layout.precision == "bf16-mixed":
+        terms.append(Term("bf16 weight copies (autocast cache)", params * 2))
+    return terms
+
+
+def root_params(config: LlamaConfig) -> int:
+    tables = config.vocab_size * config.dim * (1 if config.tie_embeddings else 2)
+    return tables + config.dim
+
+
+def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Term]:
+    terms = parameter_terms(config, layout) + activation_terms(config, layout)
+    working = backward_working_bytes(config, layout)
+    terms.append(Term("backward working set (one block)", working, phase=BLOCK_PHASE))
+    chunk = min(layout.tokens_per_rank, config.loss_chunk_size)
+    terms.append(
+        Term(
+            "chunked loss buffers",
+            loss_bytes(config, layout),
+            f"{chunk}-token chunk x vocab",
+            phase=LOSS_PHASE,
+        )
+    )
+    if layout.attn_backend == "eager":
+        mask = layout.tokens_per_rank * layout.seq_len  # [B, L/CP, L] bool
+        terms.append(Term("dense L x L mask (eager)", mask, "bool"))
+    terms += gathered_kv_terms(config, layout)
+    terms.append(Term("runtime baseline", device.baseline_bytes, device.baseline_note))
+    return terms
+
+
+# --------------------------------------------------------------------------- step time
+def step_time(config: LlamaConfig, layout: Layout, device: Device, mfu: float) -> StepTime:
+    if device.peak_flops is None:
+        raise PlanError(
+            f"peak FLOP/s of a {device.name} device is unknown: set peak_flops_per_device "
+            "(dense FLOP/s of one device in the compute dtype, e.g. 989e12 for an H100 in bf16)"
+        )
+    if not 0 < mfu <= 1:
+        raise PlanError(f"planner.mfu={mfu}; expected a fraction in (0, 1]")
+    lens = row_lengths(layout)
+    row_flops = estimate_flops(config, torch.tensor([lens], dtype=torch.int64))
+    micro = layout.micro_batch_size * row_flops / layout.context_parallel
+    flops = micro * layout.accumulate_grad_batches
+    compute_s = flops / (device.peak_flops * mfu)
+    fsdp_bytes, kv_bytes = fsdp_traffic(config, layout), kv_traffic(config, layout)
+    fsdp_s = fsdp_bytes / bandwidth(layout, layout.world, device)
+    kv_s = kv_bytes / bandwidth(layout, layout.context_parallel, device)
+    step_s = max(compute_s, fsdp_s) + kv_s  # FSDP2 prefetches (overlaps); the K/V gather blocks
+    tokens = layout.micro_batch_size * layout.seq_len * layout.accumulate_grad_batches
+    tokens_per_gpu = tokens / layout.context_parallel / step_s
+    documents = (
+        "one document per row (worst case)"
+        if not layout.doc_lengths
+        else f"{len(lens)} documents per row (size-biased mean {size_biased_mean(layout):,.0f})"
+    )
+    return StepTime(
+        flops, device.peak_flops, mfu, compute_s, fsdp_bytes, fsdp_s, kv_bytes, kv_s, step_s,
+        tokens_per_gpu, step_s * layout.max_steps, documents,
+    )  # fmt: skip
+
+
+def fsdp_traffic(config: LlamaConfig, layout: Layout) -> float:
+    """Bytes one rank receives per optimizer step: parameters all-gathered in forward and again
+    in backward (resharded after forward) per micro-batch, and again in the recompute with
+    checkpointing; fp32 gradients reduce-scattered once per step."""
+    if not layout.fsdp or layout.world == 1:
+        return 0.0
+    others = (layout.world - 1) / layout.world
+    gathers = 3 if layout.activation_checkpointing else 2
+    params = config.num_params()
+    per_micro = gathers * params * layout.compute_bytes * others
+    return per_micro * layout.accumulate_grad_batches + params * 4 * others
+
+
+def kv_traffic(config: LlamaConfig, layout: Layout) -> float:
+    """Bytes one rank receives per optimizer step for K and V: per block, the forward
+    all-gather (again in the recompute with checkpointing) and the backward reduce-scatter."""
+    cp = layout.context_parallel
+    if cp == 1:
+        return 0.0
+    c = config
+    per_block = 2 * layout.micro_batch_size * layout.seq_len * (cp - 1) / cp
+    per_block *= c.n_kv_heads * c.head_dim * layout.compute_bytes
+    passes = 3 if layout.activation_checkpointing else 2
+    return per_block * passes * c.n_layers * layout.accumulate_grad_batches
+
+
+def bandwidth(layout: Layout, group: int, device: Device) -> float:
+    """A group of consecutive ranks larger than a node crosses the network."""
+    return (
+        device.intra_node_bytes_per_s if group <= layout.devices else device.inter_node_bytes_per_s
+    )
+
+
+# --------------------------------------------------------------------------- plan
+def plan(config: LlamaConfig, layout: Layout, device: Device, mfu: float = DEFAULT_MFU) -> Plan:
+    """The per-rank plan; when it does not fit, with the smallest change that does."""
+    result = _plan(config, layout, device, mfu)
+    if result.fits:
+        return result
+    found = suggest(config, layout, device)
+    if found is None:
+        return result
+    change, suggested = found
+    return dataclasses.replace(result, suggestion=suggested, suggestion_change=change)
+
+
+def _plan(config: LlamaConfig, layout: Layout, device: Device, mfu: float) -> Plan:
+    tokens = layout.tokens_per_rank
+    per_layer = {
+        "without checkpointing": layer_activation_bytes(config, layout, tokens),
+        "with checkpointing": tokens * config.dim * layout.residual_bytes,  # the block's input
+    }
+    step, notes = None, ()
+    if device.peak_flops:
+        step = step_time(config, layout, device, mfu)
+    else:
+        notes = (f"step time: unknown peak FLOP/s for {device.name}; set peak_flops_per_device",)
+    terms = tuple(memory_terms(config, layout, device))
+    return Plan(layout, device, terms, per_layer, step, notes=notes)
+
+
+def candidates(layout: Layout) -> list[Layout]:
+    """Layouts within reach: checkpointing on, a smaller micro-batch, a larger CP size (with
+    the nodes it needs), more nodes (for FSDP2 to shard over), and their combinations."""
+    found = []
+    for checkpointing in dict.fromkeys((layout.activation_checkpointing, True)):
+        for mbs in range(layout.micro_batch_size, 0, -1):
+            for cp in powers_of_two_from(layout.context_parallel):
+                if layout.seq_len % (2 * cp * layout.context_parallel_rounds):
+                    continue  # the existing preflight refuses a row that does not split evenly
+                for nodes in powers_of_two_from(layout.num_nodes, 4096):
+                    if nodes * layout.devices % cp:
+                        continue
+                    found.append(dataclasses.replace(
+                        layout, activation_checkpointing=checkpointing, micro_batch_size=mbs,
+                        context_parallel=cp, num_nodes=nodes,
+                    ))  # fmt: skip
+    return found
+
+
+def powers_of_two_from(start: int, stop: int = 1024) -> list[int]:
+    out = [start]
+    while out[-1] * 2 <= stop:
+        out.append(out[-1] * 2)
+    return out
+
+
+def changes(old: Layout, new: Layout) -> dict[str, object]:
+    keys = ("activation_checkpointing", "micro_batch_size", "context_parallel", "num_nodes")
+    return {k: getattr(new, k) for k in keys if getattr(new, k) != getattr(old, k)}
+
+
+def suggest(config: LlamaConfig, layout: Layout, device: Device) -> tuple[str, Layout] | None:
+    """The fitting layout that needs the fewest nodes, then the fewest changed settings, then
+    the smallest CP size, no recompute, the largest micro-batch. Candidates are re-planned."""
+
+    def cost(candidate: Layout) -> tuple:
+        n_changed = len(changes(layout, candidate))
+        return (
+            candidate.num_nodes, n_changed, candidate.context_parallel,
+            candidate.activation_checkpointing, -candidate.micro_batch_size,
+        )  # fmt: skip
+
+    memory_only = dataclasses.replace(device, peak_flops=None)
+    for candidate in sorted(candidates(layout), key=cost):
+        if candidate != layout and _plan(config, candidate, memory_only, 1.0).fits:
+            changed = changes(layout, candidate)
+            return ", ".join(f"{k}={v}" for k, v in changed.items()), candidate
+    return None
+
+
+# --------------------------------------------------------------------------- devices
+def known_device(name: str, baseline_bytes: int = CUDA_RUNTIME_BYTES) -> Device:
+    key = next((k for k in KNOWN_DEVICES if k.lower() in name.lower()), None)
+    if key is None:
+        raise PlanError(
+            f"device {name!r} is not one the planner knows ({sorted(KNOWN_DEVICES)}): set "
+            "trainer.device_memory_gb and peak_flops_per_device"
+        )
+    memory_gb, peak = KNOWN_DEVICES[key]
+    return Device(key, int(memory_gb * 1e9), peak, baseline_bytes, "CUDA context + NCCL (stated)")
+
+
+def process_rss_bytes() -> int:
+    """Peak RSS of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# --------------------------------------------------------------------------- report
+def format_plan(plan: Plan) -> str:
+    lay, dev = plan.layout, plan.device
+    strategy = "FSDP2" if lay.fsdp else "replicated"
+    lines = [
+        f"capacity plan, per rank: {dev.name}, {lay.num_nodes} node(s) x {lay.devices} device(s), "
+        f"{strategy}, context_parallel={lay.context_parallel}, {lay.precision}, "
+        f"attn_backend={lay.attn_backend}, activation checkpointing "
+        f"{'on' if lay.activation_checkpointing else 'off'}",
+        f"  row {lay.seq_len:,} tokens x micro_batch_size {lay.micro_batch_size}: "
+        f"{lay.tokens_per_rank:,} tokens per rank",
+    ]
+    lines += [
+        f"  {t.name:<52} {t.bytes / GIB:>10.3f} GiB  {t.note}{f' [{t.phase} only]' if t.phase else ''}"
+        for t in plan.terms
+    ]
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    lines.append(
+        f"  {'peak: held + the larger backward phase':<52} {plan.total_bytes / GIB:>10.3f} GiB  of {dev.memory_bytes / GIB:,.1f} "
+        f"GiB: {verdict}; largest term: {plan.largest.name}"
+    )
+    per_layer = ", ".join(f"{k} {v / GIB:.3f} GiB" for k, v in plan.activations_per_layer.items())
+    lines.append(f"  activations per block: {per_layer}")
+    if not plan.fits:
+        lines.append(
+            f"  smallest change that fits: {plan.suggestion_change}"
+            if plan.suggestion
+            else "  no single change of checkpointing / micro_batch_size / CP / nodes fits"
+        )
+    if plan.step:
+        s = plan.step
+        lines += [
+            f"  step time (roofline, {s.documents}): {s.flops_per_rank / 1e12:,.1f} TFLOP per rank"
+            f" at {s.peak_flops / 1e12:,.0f} TFLOP/s x MFU {s.mfu:.2f} = {s.compute_s:.3f} s; "
+            f"FSDP2 {s.fsdp_bytes / GIB:,.2f} GiB {s.fsdp_s:.3f} s (overlapped); "
+            f"K/V {s.kv_bytes / GIB:,.2f} GiB {s.kv_s:.3f} s",
+            f"  step {s.step_s:.3f} s, {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
+            f"{lay.max_steps} steps in {s.wall_s / 3600:,.2f} h",
+        ]
+    lines += [f"  {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def plan_dict(plan: Plan) -> dict:
+    return {
+        "layout": dataclasses.asdict(plan.layout),
+        "device": dataclasses.asdict(plan.device),
+        "terms_bytes": {t.name: t.bytes for t in plan.terms},
+        "total_bytes": plan.total_bytes,
+        "fits": plan.fits,
+        "largest_term": plan.largest.name,
+        "activations_per_layer_bytes": plan.activations_per_layer,
+        "suggestion": plan.suggestion_change or None,
+        "step": None if plan.step is None else dataclasses.asdict(plan.step),
+    }
