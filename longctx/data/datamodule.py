@@ -89,6 +89,9 @@ class DataConfig:
     # max(1, num_workers). A multiple of (data-parallel ranks x num_workers) packs each row once
     num_streams: int | None = None
     chunk_documents: int = 10_000  # resume replays at most this many documents per stream
+    # a prepared folder of long documents no training row contains (longctx.eval.long_documents);
+    # None -> the embedded corpus's held-out books (only with shards=None)
+    long_documents: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.shards, str):  # data.shards=/one/folder: one source, not its letters
