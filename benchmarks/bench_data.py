@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from longctx.data import DataConfig, LongCtxDataModule
 from longctx.data.corpus import default_corpus_dir
-from longctx.data.datamodule import DataConfig, LongCtxDataModule
 from longctx.data.prepare import prepare
 from longctx.data.shards import atomic_write_bytes
 

@@ -337,6 +337,7 @@ def writes_run_folder() -> bool:
 
 def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     from longctx.data import LongCtxDataModule
+    from longctx.eval.baselines import unigram_baseline
     from longctx.module import LongCtxModule
 
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
@@ -395,7 +396,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     finish_preemption(trainer, output_dir)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if "val/loss" in metrics and trainer.is_global_zero:
-        metrics["unigram_baseline"] = datamodule.unigram_baseline()
+        metrics["unigram_baseline"] = unigram_baseline(datamodule.folders()[0])
         print(
             f"val/loss {metrics['val/loss']:.4f} nats/token, unigram baseline "
             f"{metrics['unigram_baseline']:.4f}"

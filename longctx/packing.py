@@ -1,6 +1,6 @@
 """Packers: turn a stream of documents into rows of exactly L tokens.
 
-Two strategies, one interface (``pack``, ``state_dict``, ``load_state_dict``, ``stats``):
+Two strategies, one interface (``pack``, ``stats``):
 
 - ``concat_chunk`` (Megatron / torchtitan): concatenate the documents and cut every L tokens.
   Documents are split across rows; only the very last row of a finite stream is padded.
@@ -11,8 +11,8 @@ Two strategies, one interface (``pack``, ``state_dict``, ``load_state_dict``, ``
 Each packer is two stages. A *planner* sees only document lengths and decides which piece
 ``(doc, start, length)`` of which document goes into which row; the *assembler* copies those
 pieces into token and label arrays (a few numpy slice copies per row). The planner can be
-benchmarked on lengths alone, and the state of a packer is the planner's state plus the
-documents that planned-but-unyielded rows still need.
+benchmarked on lengths alone. A packer is a pure function of its documents and settings: a
+resumed run replays it (longctx.data.streams), it keeps no checkpointable state.
 """
 
 from __future__ import annotations
@@ -120,13 +120,6 @@ class _ConcatChunkPlanner:
             self.ready.append(tuple(self.open_row))
             self.open_row, self.open_fill = [], 0
 
-    def state_dict(self) -> dict:
-        return {"open_row": [list(p) for p in self.open_row], "open_fill": self.open_fill}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.open_row = [_as_piece(p) for p in state["open_row"]]
-        self.open_fill = int(state["open_fill"])
-
 
 class _BestFitPlanner:
     """Lengths only: best-fit-decreasing over a buffer of ``buffer_size`` documents.
@@ -176,23 +169,6 @@ class _BestFitPlanner:
         rng = np.random.default_rng((self.seed, self.buffers_planned))
         self.ready.extend(emitted[i] for i in rng.permutation(len(emitted)))
         self.buffers_planned += 1
-
-    def state_dict(self) -> dict:
-        return {
-            "buffer": [list(p) for p in self.buffer],
-            "carried": [[list(p) for p in row] for row in self.carried],
-            "buffers_planned": self.buffers_planned,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.buffer = [_as_piece(p) for p in state["buffer"]]
-        self.carried = [[_as_piece(p) for p in row] for row in state["carried"]]
-        self.buffers_planned = int(state["buffers_planned"])
-
-
-def _as_piece(values) -> Piece:
-    doc, start, length = (int(v) for v in values)
-    return doc, start, length
 
 
 def _free_of(row: Sequence[Piece], seq_len: int) -> int:
@@ -295,21 +271,13 @@ class Packer(Protocol):
     seq_len: int
 
     def pack(self, documents: Iterable[np.ndarray]) -> Iterator[PackedRow]: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
 
     @property
     def stats(self) -> PackingStats: ...
 
 
 class _PlannedPacker:
-    """Shared driver: pull documents, let the planner plan rows, assemble and yield them.
-
-    All state lives on ``self`` (never in generator locals), so ``state_dict()`` taken while
-    ``pack`` is suspended after a row captures exactly what the rest of the run depends on.
-    """
-
-    name = ""
+    """Shared driver: pull documents, let the planner plan rows, assemble and yield them."""
 
     def __init__(self, seq_len: int, planner, pad_id: int) -> None:
         self.seq_len = seq_len
@@ -363,66 +331,9 @@ class _PlannedPacker:
             else:
                 del pieces_left[doc], documents[doc]
 
-    # ------------------------------------------------------------------ state
-    def _config(self) -> dict:
-        return {"packer": self.name, "seq_len": self.seq_len, "pad_id": self.pad_id}
-
-    def state_dict(self) -> dict:
-        return {
-            **self._config(),
-            "documents_consumed": self._documents_consumed,
-            **_documents_state(self._documents),
-            "pieces_left": dict(self._planner.pieces_left),
-            "ready": [[list(p) for p in row] for row in self._planner.ready],
-            "planner": self._planner.state_dict(),
-            "stats": dataclasses.asdict(self._stats),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        # Resuming under other settings would silently change the rows: refuse it.
-        for key, expected in self._config().items():
-            if state.get(key) != expected:
-                raise ValueError(
-                    f"state has {key}={state.get(key)!r}, this packer has {key}={expected!r}"
-                )
-        self._documents_consumed = int(state["documents_consumed"])
-        self._documents = _documents_from_state(state)
-        self._planner.pieces_left = {int(d): int(n) for d, n in state["pieces_left"].items()}
-        self._planner.ready = deque(tuple(tuple(p) for p in row) for row in state["ready"])
-        self._planner.load_state_dict(state["planner"])
-        self._stats = PackingStats(**state["stats"])
-
-
-def _documents_state(documents: dict[int, np.ndarray]) -> dict:
-    """The held documents as ids, lengths and one int64 tensor of their concatenated tokens.
-
-    A tensor rather than numpy arrays, so ``torch.load(weights_only=True)`` (the default) can
-    read a checkpoint holding this state.
-    """
-    ids = list(documents)
-    tokens = np.concatenate([documents[d] for d in ids]) if ids else np.zeros(0)
-    return {
-        "document_ids": ids,
-        "document_lengths": [len(documents[d]) for d in ids],
-        "document_tokens": torch.from_numpy(tokens.astype(np.int64)),
-    }
-
-
-def _documents_from_state(state: dict) -> dict[int, np.ndarray]:
-    tokens = state["document_tokens"].numpy()
-    ends = np.cumsum(state["document_lengths"], dtype=np.int64)
-    return {
-        int(d): tokens[end - length : end]
-        for d, length, end in zip(
-            state["document_ids"], state["document_lengths"], ends, strict=True
-        )
-    }
-
 
 class ConcatChunkPacker(_PlannedPacker):
     """Concatenate documents and cut every ``seq_len`` tokens (no padding but the last row)."""
-
-    name = "concat_chunk"
 
     def __init__(self, seq_len: int, *, pad_id: int = 0) -> None:
         _check_positive("seq_len", seq_len)
@@ -432,17 +343,12 @@ class ConcatChunkPacker(_PlannedPacker):
 class BestFitPacker(_PlannedPacker):
     """Best-fit-decreasing within a buffer of ``buffer_size`` documents; pad the rest."""
 
-    name = "best_fit"
-
     def __init__(self, seq_len: int, *, pad_id: int = 0, buffer_size: int = 1000, seed: int = 0):
         _check_positive("seq_len", seq_len)
         _check_positive("buffer_size", buffer_size)
         super().__init__(seq_len, _BestFitPlanner(seq_len, buffer_size, seed), pad_id)
         self.buffer_size = buffer_size
         self.seed = seed
-
-    def _config(self) -> dict:
-        return {**super()._config(), "buffer_size": self.buffer_size, "seed": self.seed}
 
 
 def make_packer(

@@ -14,16 +14,11 @@ import pytest
 import torch
 
 from longctx.batch import IGNORE_INDEX
+from longctx.data import DataConfig, LongCtxDataModule
 from longctx.data.corpus import default_corpus_dir
-from longctx.data.datamodule import (
-    DataConfig,
-    DocumentStream,
-    LongCtxDataModule,
-    RowStream,
-    merge_rank_states,
-)
 from longctx.data.prepare import prepare
 from longctx.data.shards import ShardSet
+from longctx.data.streams import DocumentStream, RowStream, merge_rank_states
 
 
 @pytest.fixture(scope="session")
@@ -160,6 +155,36 @@ def test_streams_cover_an_epoch_disjointly_and_completely(tmp_path, streams):
     assert sorted(seen_ids) == [(0, d) for d in range(48)]
     want = Counter(np.concatenate([train.document(i) for i in range(48)]).tolist())
     assert seen_tokens == want
+
+
+def rows_equal(a, b) -> bool:
+    return len(a) == len(b) and all(
+        np.array_equal(x.tokens, y.tokens) and np.array_equal(x.seq_lens, y.seq_lens)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.parametrize("packer", ["concat_chunk", "best_fit"])
+@pytest.mark.parametrize("seq_len", [7, 32])
+def test_a_row_stream_resumes_from_any_cursor(tmp_path, packer, seq_len):
+    """Resume replays at most one chunk: a stream reopened at the cursor after row k yields the
+    rows that followed row k, across chunk boundaries too."""
+    folder = small_corpus(tmp_path, 48)
+    config = DataConfig(
+        shards=[str(folder)], seq_len=seq_len, packer=packer, buffer_size=2, chunk_documents=4
+    )
+    docs = DocumentStream([ShardSet(folder)], np.ones(1), 0, 0, 1, config.chunk_documents)
+    pad_id = ShardSet(folder).manifest.pad_id
+    stream = RowStream(docs, config, pad_id)
+    rows, cursors = [], []
+    for row in stream:  # into the third chunk
+        rows.append(row)
+        cursors.append(stream.cursor)
+        if stream.cursor[0] == 2:
+            break
+    for k in range(len(rows)):
+        resumed = RowStream(docs, config, pad_id, cursors[k])
+        assert rows_equal(list(itertools.islice(resumed, len(rows) - k - 1)), rows[k + 1 :]), k
 
 
 ELASTIC = dict(seq_len=64, micro_batch_size=2, buffer_size=8, chunk_documents=24)

@@ -131,6 +131,6 @@ def test_callbacks_refuse_lengths_beyond_rope_at_setup():
 def test_eval_json_is_standard_for_an_empty_octave():
     table = octave_table([], 64, 2)
     assert [r["tokens"] for r in table] == [0, 0] and octave_metrics(table) == {}
-    from longctx.eval.cli import _finite
+    from longctx.eval.files import _finite
 
     json.dumps(_finite(table), allow_nan=False)

@@ -280,7 +280,7 @@ class ShardSet:
     at 0, never decrease and end at the token count, and every token id is < vocab_size.
     """
 
-    def __init__(self, folder: str | Path, split: str = "train", *, validate: bool = True):
+    def __init__(self, folder: str | Path, split: str = "train"):
         if split not in SPLITS:
             raise ValueError(f"split {split!r}; expected one of {SPLITS}")
         self.folder = Path(folder)
@@ -289,11 +289,8 @@ class ShardSet:
         info = self.manifest.splits[split]
         self._tokens = [self._open(s.tokens_file, s.tokens_bytes) for s in info.shards]
         self._offsets = [self._open(s.index_file, s.index_bytes) for s in info.shards]
-        if validate:
-            for shard, tokens, offsets in zip(
-                info.shards, self._tokens, self._offsets, strict=True
-            ):
-                self._validate(shard, tokens, offsets)
+        for shard, tokens, offsets in zip(info.shards, self._tokens, self._offsets, strict=True):
+            self._validate(shard, tokens, offsets)
         counts = [len(o) - 1 for o in self._offsets]
         self._first_doc = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_documents = int(self._first_doc[-1])
@@ -340,10 +337,3 @@ class ShardSet:
         local = i - int(self._first_doc[shard])
         offsets = self._offsets[shard]
         return np.asarray(self._tokens[shard][offsets[local] : offsets[local + 1]], np.int64)
-
-    def lengths(self) -> np.ndarray:
-        return (
-            np.concatenate([np.diff(o) for o in self._offsets])
-            if self._offsets
-            else np.zeros(0, np.int64)
-        )

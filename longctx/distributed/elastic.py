@@ -1,7 +1,7 @@
 """Elastic resume: a run continues on another number of data-parallel ranks with the same
 optimizer step.
 
-The data order does not depend on the number of ranks (longctx.data.datamodule); what a step
+The data order does not depend on the number of ranks (longctx.data.streams); what a step
 trains on is its global batch, micro-batch rows x accumulation x data-parallel ranks. A
 checkpoint records it, and a resume on another data-parallel size keeps it by choosing the
 accumulation. When no whole accumulation keeps it, the resume is refused with the numbers, unless

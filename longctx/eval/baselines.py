@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
+
+from longctx.data.shards import ShardSet
 
 
 def unigram_cross_entropy(
@@ -26,3 +29,11 @@ def unigram_cross_entropy(
     if n == 0:
         raise ValueError("unigram_cross_entropy: the eval documents hold no targets")
     return total / n
+
+
+def unigram_baseline(folder: str | Path) -> float:
+    """The unigram cross-entropy of a prepared folder: its train split's distribution scored on
+    its val split (nats/token)."""
+    train, val = ShardSet(folder, "train"), ShardSet(folder, "val")
+    docs = lambda shards: (shards.document(i) for i in range(len(shards)))  # noqa: E731
+    return unigram_cross_entropy(docs(train), docs(val), train.manifest.vocab_size)

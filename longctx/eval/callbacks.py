@@ -11,15 +11,14 @@ plot per kind. At the end of fit it runs the passkey probe (``probe=True``) and 
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
 import torch
 
-from longctx.eval.cli import write_json, write_rows
 from longctx.eval.documents import document_batches, mean_loss, score_documents
+from longctx.eval.files import append_rows, write_json, write_rows
 from longctx.eval.long_documents import (
     check_eval_length,
     check_factor,
@@ -144,19 +143,6 @@ def wandb_runs(trainer: L.Trainer) -> list:
     from lightning.pytorch.loggers import WandbLogger
 
     return [lg.experiment for lg in trainer.loggers if isinstance(lg, WandbLogger)]
-
-
-def append_rows(rows: Sequence[dict], path: Path) -> None:
-    """Append dict rows to a CSV, writing the header when the file is new."""
-    if not rows:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
 
 
 class HeldOutDocumentLoss(L.Callback):

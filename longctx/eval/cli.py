@@ -11,15 +11,13 @@ length) and needle depth. Results go to ``--out`` (default ``<run>/eval``) as CS
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from longctx.eval.files import write_json, write_rows
 from longctx.eval.long_documents import (
     check_eval_length,
     check_factor,
@@ -110,30 +108,6 @@ def position_loss(model, datamodule, device: str) -> PositionLoss:
         batch = batch.to(device)
         acc.update(model.token_loss(batch), batch)
     return acc
-
-
-def write_rows(rows: Sequence[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def write_json(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_finite(obj), indent=2) + "\n")
-
-
-def _finite(obj):
-    """NaN/inf -> None, so the JSON is standard."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

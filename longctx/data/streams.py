@@ -1,0 +1,357 @@
+"""The training row order as a pure function of the seed and the stream count: no Lightning.
+
+LongCtxDataModule (datamodule.py) wires these streams into Lightning and checkpoints.
+
+How the document stream is cut (and why):
+
+* Streams. The run has ``N = num_streams`` global streams (default ``max(1, num_workers)``), a
+  number that does not depend on the world size. Per data epoch ``e`` a seeded permutation
+  ``perm_e`` of a source's documents is drawn (numpy, ``seed, source, e``) and stream ``k`` takes
+  ``perm_e[k::N]``: the streams cover every document of the epoch exactly once. With several
+  sources, each document slot of a stream picks its source from a seeded draw with the mixing
+  weights; each source then cycles through its own epochs independently.
+* Chunks. A stream's (endless) document sequence is cut into chunks of ``chunk_documents``
+  documents, each packed by a fresh packer; rows flow on from chunk to chunk. A chunk is a
+  multiple of the best-fit buffer, so chunking changes nothing but one padded row per chunk.
+  The cursor of a stream is (chunk, rows already taken from it): resuming replays at most one
+  chunk, never the whole history.
+* Global micro-batches. The run's micro-batch ``u`` (``micro_batch_size`` rows, counted over all
+  ranks) is batch ``u // N`` of stream ``u % N``: the global row order is a function of ``N``
+  alone, the same for any number of data-parallel ranks (and context-parallel ranks, which share
+  their rows). Each round of ``D`` data-parallel ranks takes the next ``D`` micro-batches, rank
+  ``r`` the ``r``-th, so an optimizer step of ``accumulation x D`` micro-batches trains on the
+  same rows whatever ``D`` is. When ``N`` is a multiple of ``D x max(1, num_workers)`` every
+  DataLoader worker reads streams of its own; otherwise ranks and workers share streams and each
+  packs rows that others take (same order, more packing work; a warning says so).
+* Workers. A DataLoader worker ``w`` of ``W`` produces a rank's rounds ``w, w + W, ...``, which
+  the DataLoader's in-order round robin delivers in order: the batch sequence does not depend on
+  ``num_workers``.
+* Equal batches per rank. Streams never run dry (they go on into the next data epoch), and a
+  Lightning epoch is a fixed ``batches_per_epoch = train tokens // (D * B * L)`` rounds on
+  every rank, so ranks always step together (no DDP hang). The last rows of a data epoch are
+  packed together with the first documents of the next.
+* Exact, elastic resume. The state is the number of global rows the training loop consumed
+  (counted in ``on_before_batch_transfer``, after Lightning's prefetch, so prefetched batches do
+  not count) plus each stream's position (batches taken, cursor) after its last consumed batch,
+  gathered from every rank. A resume on another data-parallel size starts each rank at its share
+  of the rows that follow. The iterator reads the state when it starts, so a train dataloader
+  built early (``trainer.estimated_stepping_batches``) loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from longctx.batch import PackedBatch
+from longctx.data.config import DataConfig
+from longctx.data.shards import ShardSet
+from longctx.packing import PackedRow, collate_rows, make_packer
+
+# 2: global rows consumed and global stream positions (elastic resume); 1 was per rank
+STATE_VERSION = 2
+
+
+# --------------------------------------------------------------------------- document streams
+class DocumentStream:
+    """The endless document sequence of one global stream, as a pure function of its index."""
+
+    def __init__(
+        self,
+        sources: list[ShardSet],
+        weights: np.ndarray,
+        seed: int,
+        stream: int,
+        num_streams: int,
+        chunk_documents: int,
+    ) -> None:
+        self.sources, self.weights, self.seed = sources, weights, seed
+        self.stream, self.num_streams, self.chunk = stream, num_streams, chunk_documents
+        self.shares = [len(range(stream, len(s), num_streams)) for s in sources]
+        self._counts = {0: np.zeros(len(sources), dtype=np.int64)}  # per-source docs before chunk
+
+    def chunk_ids(self, chunk: int) -> list[tuple[int, int]]:
+        """(source, document) of every document in ``chunk``, in order."""
+        choice = self._choices(chunk)
+        start = self._counts_before(chunk)
+        out = []
+        for i, count in enumerate(np.bincount(choice, minlength=len(self.sources))):
+            locals_ = start[i] + np.arange(count)
+            docs = self._local_to_doc(i, locals_)
+            out.append(iter(docs.tolist()))
+        return [(int(src), next(out[src])) for src in choice]
+
+    def documents(self, chunk: int) -> Iterator[np.ndarray]:
+        for source, doc in self.chunk_ids(chunk):
+            yield self.sources[source].document(doc)
+
+    def _choices(self, chunk: int) -> np.ndarray:
+        if len(self.sources) == 1:
+            return np.zeros(self.chunk, dtype=np.int64)
+        rng = np.random.default_rng((self.seed, 1_000_003, self.stream, chunk))
+        return rng.choice(len(self.sources), size=self.chunk, p=self.weights)
+
+    def _counts_before(self, chunk: int) -> np.ndarray:
+        known = max(c for c in self._counts if c <= chunk)
+        counts = self._counts[known].copy()
+        for c in range(known, chunk):
+            counts += np.bincount(self._choices(c), minlength=len(self.sources))
+        self._counts[chunk] = counts
+        return counts
+
+    def _local_to_doc(self, source: int, local: np.ndarray) -> np.ndarray:
+        share = self.shares[source]
+        epochs, positions = np.divmod(local, share)
+        out = np.empty(len(local), dtype=np.int64)
+        for epoch in np.unique(epochs):
+            perm = epoch_permutation(self.seed, source, int(epoch), len(self.sources[source]))
+            mine = perm[self.stream :: self.num_streams]
+            out[epochs == epoch] = mine[positions[epochs == epoch]]
+        return out
+
+
+@functools.lru_cache(maxsize=16)  # shared by the streams of a process: one copy per epoch
+def epoch_permutation(seed: int, source: int, epoch: int, num_documents: int) -> np.ndarray:
+    """The order of a source's documents in a data epoch."""
+    perm = np.random.default_rng((seed, source, epoch)).permutation(num_documents)
+    perm.flags.writeable = False
+    return perm
+
+
+class RowStream:
+    """Packed rows of one stream from a cursor (chunk, rows taken), one fresh packer per chunk."""
+
+    def __init__(
+        self,
+        docs: DocumentStream,
+        config: DataConfig,
+        pad_id: int,
+        cursor: tuple[int, int] = (0, 0),
+    ) -> None:
+        self.docs, self.config, self.pad_id = docs, config, pad_id
+        self.cursor = tuple(cursor)
+
+    def __iter__(self) -> Iterator[PackedRow]:
+        chunk, skip = self.cursor
+        while True:
+            taken = 0
+            for row in self._packer(chunk).pack(self.docs.documents(chunk)):
+                taken += 1
+                if taken <= skip:
+                    continue
+                self.cursor = (chunk, taken)
+                yield row
+            chunk, skip = chunk + 1, 0
+
+    def _packer(self, chunk: int):
+        seed = _mix(self.config.seed, self.docs.stream, chunk)
+        return make_packer(
+            self.config.packer,
+            self.config.seq_len,
+            pad_id=self.pad_id,
+            buffer_size=self.config.buffer_size,
+            seed=seed,
+        )
+
+
+def _mix(*values: int) -> int:
+    digest = hashlib.sha256(repr(values).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+class StreamPosition(NamedTuple):
+    """Where a stream stands: batches taken from it, and its row cursor after them."""
+
+    batches: int = 0
+    chunk: int = 0
+    rows: int = 0  # rows already taken from the chunk
+
+
+class BatchStream:
+    """Micro-batches of one stream, from a position."""
+
+    def __init__(self, rows: RowStream, config: DataConfig, batch_index: int) -> None:
+        self.rows, self.config = rows, config
+        self.batch_index = batch_index  # index of the next batch this stream yields
+        self._it = iter(rows)
+
+    @classmethod
+    def at(cls, docs: DocumentStream, config: DataConfig, pad_id: int, at: StreamPosition):
+        rows = RowStream(docs, config, pad_id, (at.chunk, at.rows))
+        return cls(rows, config, at.batches)
+
+    def position(self) -> StreamPosition:
+        return StreamPosition(self.batch_index, *self.rows.cursor)
+
+    def next_rows(self) -> list[PackedRow]:
+        rows = [next(self._it) for _ in range(self.config.micro_batch_size)]
+        self.batch_index += 1
+        return rows
+
+    def collate(self, rows: list[PackedRow]) -> PackedBatch:
+        return collate_rows(
+            rows,
+            reset_position_ids=self.config.reset_position_ids,
+            document_mask=self.config.document_mask,
+        )
+
+
+class BatchOrigin(NamedTuple):
+    """Where a train micro-batch sits in the global row order."""
+
+    first: int  # the first global micro-batch of its round
+    ranks: int  # data-parallel ranks in the round
+    stream: int
+    position: StreamPosition  # the stream's position after this batch
+
+
+@dataclasses.dataclass
+class StreamBatch(PackedBatch):
+    """A train batch that knows its origin, which the resume bookkeeping (Progress) records."""
+
+    origin: BatchOrigin | None = None
+
+
+# --------------------------------------------------------------------------- datasets
+def micro_batch_source(micro_batch: int, num_streams: int) -> tuple[int, int]:
+    """(stream, batch index in it) of the run's global micro-batch ``micro_batch``."""
+    return micro_batch % num_streams, micro_batch // num_streams
+
+
+class TrainStream(IterableDataset):
+    """Yields this rank's micro-batches, from global micro-batch ``start`` to the end of the
+    Lightning epoch: in round ``n`` rank ``r`` takes global micro-batch ``start + n * D + r``."""
+
+    def __init__(
+        self,
+        sources,
+        weights,
+        config: DataConfig,
+        pad_id: int,
+        rank: int,
+        world_size: int,
+        batches_per_epoch: int,
+    ) -> None:
+        self.sources, self.weights, self.config, self.pad_id = sources, weights, config, pad_id
+        self.rank, self.world_size = rank, world_size
+        self.batches_per_epoch = batches_per_epoch
+        self.start = 0  # global micro-batches consumed when an iterator starts (from the progress)
+        self.positions: dict[int, StreamPosition] = {}  # stream -> position after its last batch
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def rounds_left(self) -> int:
+        """Rounds from ``start`` to the end of its Lightning epoch."""
+        per_epoch = self.batches_per_epoch * self.world_size
+        end = (self.start // per_epoch + 1) * per_epoch
+        return -(-(end - self.start) // self.world_size)
+
+    def __iter__(self) -> Iterator[StreamBatch]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        streams: dict[int, BatchStream] = {}
+        for n in range(worker, self.rounds_left(), workers):
+            first = self.start + n * self.world_size
+            k, index = micro_batch_source(first + self.rank, self.config.effective_streams)
+            stream = streams.get(k) or streams.setdefault(k, self._open_stream(k))
+            if stream.batch_index > index:
+                raise RuntimeError(
+                    f"stream {k} is at batch {stream.batch_index}, past batch {index} that "
+                    f"global micro-batch {first + self.rank} needs: the resume state is inconsistent"
+                )
+            while stream.batch_index < index:  # batches of this stream other ranks/workers take
+                stream.next_rows()
+            batch = stream.collate(stream.next_rows())
+            origin = BatchOrigin(first, self.world_size, k, stream.position())
+            yield StreamBatch(
+                batch.tokens, batch.labels, batch.position_ids, batch.seq_lens, origin
+            )
+
+    def _open_stream(self, k: int) -> BatchStream:
+        docs = DocumentStream(
+            self.sources,
+            self.weights,
+            self.config.seed,
+            k,
+            self.config.effective_streams,
+            self.config.chunk_documents,
+        )
+        at = self.positions.get(k, StreamPosition())
+        return BatchStream.at(docs, self.config, self.pad_id, at)
+
+
+class FixedBatches(IterableDataset):
+    def __init__(self, batches: list[PackedBatch]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        info = get_worker_info()
+        if info is not None and info.id > 0:
+            return iter(())
+        return iter(self.batches)
+
+
+# --------------------------------------------------------------------------- resume
+@dataclasses.dataclass
+class Progress:
+    """The data state: global micro-batches consumed and each stream's position after them."""
+
+    micro_batches: int = 0  # global micro-batches the training loops of all ranks have taken
+    positions: dict[int, StreamPosition] = dataclasses.field(default_factory=dict)
+    counted_by_trainer: bool = False
+
+    def record(self, batch: PackedBatch) -> None:
+        if not isinstance(batch, StreamBatch) or batch.origin is None:
+            return  # a validation batch
+        first, ranks, stream, position = batch.origin
+        if first != self.micro_batches:
+            raise RuntimeError(
+                f"a train batch of the round from global micro-batch {first} arrived, expected "
+                f"the round from {self.micro_batches}: the batch order is broken (was the "
+                "iterator shared?)"
+            )
+        self.positions[stream] = position
+        self.micro_batches = first + ranks
+
+
+def check_state_version(state: dict) -> None:
+    """A data state this version can continue; one from before elastic resume is refused."""
+    version = state.get("version")
+    if version == STATE_VERSION:
+        return
+    missing = [k for k in ("rows_consumed", "streams") if k not in state]
+    raise ValueError(
+        f"the checkpoint's data state has version {version}, expected {STATE_VERSION}: it was "
+        f"written before elastic resume and lacks {missing or 'the global row order'} (its "
+        "positions are per rank, in a row order that depended on the world size), so its data "
+        "order cannot be continued; finish the run with the longctx version that wrote it, or "
+        "start a new run"
+    )
+
+
+def merge_rank_states(states: list[dict]) -> dict:
+    """One data state from every rank's: the ranks must agree on rows consumed; a stream (some
+    are shared by ranks) keeps the position after its furthest consumed batch."""
+    first = states[0]
+    rows = {s["rows_consumed"] for s in states}
+    if len(rows) != 1:
+        raise RuntimeError(
+            f"the ranks disagree on the global rows consumed ({sorted(rows)}): a checkpoint "
+            "must be taken with every rank at the same micro-batch"
+        )
+    streams: dict[int, list[int]] = {}
+    for state in states:
+        for k, position in state["streams"].items():
+            if k not in streams or position[0] > streams[k][0]:
+                streams[k] = list(position)
+    return {**first, "streams": dict(sorted(streams.items()))}
