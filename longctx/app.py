@@ -148,16 +148,19 @@ def check_topology(trainer_cfg: DictConfig) -> None:
         raise ConfigError(str(err)) from err
 
 
-def check_backend(model_config: LlamaConfig, seq_len: int, device: torch.device) -> None:
+def check_backend(
+    model_config: LlamaConfig, seq_len: int, device: torch.device, setting: str = "data.seq_len"
+) -> None:
+    """``setting``: where ``seq_len`` comes from (data.seq_len or a stage's), for the errors."""
     check_model_seq_len(model_config, seq_len)
     if seq_len > model_config.max_seq_len:
         raise ConfigError(
-            f"data.seq_len={seq_len} exceeds the model's RoPE range "
+            f"{setting}={seq_len} exceeds the model's RoPE range "
             f"model.max_seq_len={model_config.max_seq_len}"
         )
     if model_config.attn_backend == "flex" and seq_len % 128:
         raise ConfigError(
-            f"data.seq_len={seq_len} must be a multiple of 128 for attn_backend=flex "
+            f"{setting}={seq_len} must be a multiple of 128 for attn_backend=flex "
             "(FlexAttention's block size)"
         )
     try:
@@ -182,9 +185,12 @@ def check_model_seq_len(model_config, seq_len: int) -> None:
         raise ConfigError(f"model: {err}") from err
 
 
-def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> None:
+def check_context_parallel(
+    cfg: DictConfig, model_config, seq_len: int, setting: str = "data.seq_len"
+) -> None:
     """trainer.context_parallel (ranks that split each row) and trainer.context_parallel_rounds
-    (head-tail rounds per row) can work with this world, sequence length and model."""
+    (head-tail rounds per row) can work with this world, sequence length (from ``setting``) and
+    model."""
     size = cfg.trainer.get("context_parallel", 1)
     rounds = cfg.trainer.get("context_parallel_rounds", 1)
     for key, value in (("context_parallel", size), ("context_parallel_rounds", rounds)):
@@ -202,7 +208,7 @@ def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> None:
     chunks = 2 * size * rounds
     if seq_len % chunks:
         raise ConfigError(
-            f"data.seq_len={seq_len} must be a multiple of 2 x trainer.context_parallel x "
+            f"{setting}={seq_len} must be a multiple of 2 x trainer.context_parallel x "
             f"trainer.context_parallel_rounds = {chunks}: every row is cut into that many chunks"
         )
     if not isinstance(model_config, LlamaConfig):
@@ -213,7 +219,7 @@ def check_context_parallel(cfg: DictConfig, model_config, seq_len: int) -> None:
         )
     if model_config.attn_backend == "flex" and seq_len % (chunks * 128):
         raise ConfigError(
-            f"data.seq_len={seq_len} must be a multiple of {chunks} chunks x 128 = "
+            f"{setting}={seq_len} must be a multiple of {chunks} chunks x 128 = "
             f"{chunks * 128} for attn_backend=flex (whole FlexAttention blocks per chunk)"
         )
 
@@ -276,12 +282,16 @@ def instantiate_config(group: str, node: DictConfig):
         raise ConfigError(f"{group}: {err}") from err
 
 
-def preflight(cfg: DictConfig, model_config: LlamaConfig, seq_len: int) -> torch.device:
+def preflight(cfg: DictConfig, model_config: LlamaConfig, data_config) -> torch.device:
     device = training_device(cfg.trainer)
     check_devices(cfg.trainer, device)
     check_topology(cfg.trainer)
-    check_backend(model_config, seq_len, device)
-    check_context_parallel(cfg, model_config, seq_len)
+    stages = [
+        (f"data.stages[{i}].seq_len", s.seq_len) for i, s in enumerate(data_config.stages or [])
+    ]
+    for setting, seq_len in [*stages, ("data.seq_len", data_config.seq_len)]:
+        check_backend(model_config, seq_len, device, setting)
+        check_context_parallel(cfg, model_config, seq_len, setting)
     check_init_from(model_config)
     if not cfg.dry_run:
         check_memory(model_config, cfg.trainer, device)
@@ -342,7 +352,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
 
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
-    device = preflight(cfg, model_config, data_config.seq_len)
+    device = preflight(cfg, model_config, data_config)
     if cfg.dry_run:
         return dry_run_report(model_config, cfg)
     identity = run_identity(model_config, data_config)
@@ -357,7 +367,11 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
 
     L.seed_everything(cfg.seed, workers=True)
     context_parallel, context_parallel_rounds = pop_context_parallel(cfg)
-    datamodule = LongCtxDataModule(data_config, context_parallel=context_parallel)
+    datamodule = LongCtxDataModule(
+        data_config,
+        context_parallel=context_parallel,
+        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+    )
     datamodule.prepare_data()
     try:
         datamodule.check_vocab(model_config.vocab_size)
