@@ -122,10 +122,6 @@ class DataConfig:
         ]
         return [*earlier, self]
 
-    def stage_at(self, step: int) -> int:
-        """The stage optimizer step ``step`` (0-based) trains in."""
-        return sum(step >= s.until_step for s in self.stages or [])
-
 
 def _stages(stages: Any) -> list[Stage] | None:
     """Stage entries from Hydra's dicts, checked: positive fields, steps increasing."""

@@ -115,8 +115,8 @@ class LongCtxDataModule(L.LightningDataModule):
         """Print (rank 0) and log the token share of long documents, before and after."""
         spec = self.config.length_upsampling
         lengths = [s.document_lengths() for s in self._open()]
-        before = long_token_share(self._weights(), lengths, [np.arange(len(n)) for n in lengths],
-                                  spec.min_tokens)  # fmt: skip
+        every_document_once = [np.arange(len(n)) for n in lengths]
+        before = long_token_share(self._weights(), lengths, every_document_once, spec.min_tokens)
         probabilities, slots = self._mixing()
         after = long_token_share(probabilities, lengths, slots, spec.min_tokens)
         rank_zero_info(

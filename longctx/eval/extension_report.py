@@ -67,11 +67,11 @@ def plot(arms: dict[str, pd.DataFrame], seq_len: int, out: Path, title: str) -> 
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, data in arms.items():
-        ax.plot(data["bucket_start"].clip(lower=1), data["loss"], marker="o", label=name)
-    for multiple in (1, 2, 4):
-        ax.axvline(multiple * seq_len, color="grey", lw=0.8, ls=":")
+        data = data[data["bucket_start"] > 0]  # position 0 has no context (and no log2 place)
+        ax.plot(data["bucket_start"], data["loss"], marker="o", label=name)
+    ax.axvline(seq_len, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("position in document (log2 bucket start; dotted: 1x, 2x, 4x training length)")
+    ax.set_xlabel("position in document (bucket [p, 2p); dotted: the training length)")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(title, fontsize=9)
     ax.legend()
