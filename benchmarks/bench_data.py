@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer tokens per measurement")
     args = parser.parse_args()
     folder = default_corpus_dir()
-    source = folder.parent / "kjv-chapters.jsonl"
+    source = folder.parent / f"{folder.name}.jsonl"
     tokens = 2_000_000 if args.quick else 8_000_000
     rows = [bench_prepare(source, w) for w in (1, 2)]
     for seq_len in (8192, 131072):

@@ -151,34 +151,46 @@ def check_topology(trainer_cfg: DictConfig) -> None:
 
 
 def check_backend(
-    model_config, seq_len: int, device: torch.device, context_chunks: int = 1
+    model_config,
+    seq_len: int,
+    device: torch.device,
+    context_chunks: int = 1,
+    setting: str = "data.seq_len",
 ) -> None:
     """Ask the owners: the model spec (its length limit, an HF model's window) and the attention
-    backend (device, lengths, training), for rows of ``seq_len`` cut into ``context_chunks``."""
+    backend (device, lengths, training), for rows of ``seq_len`` cut into ``context_chunks``.
+    ``setting``: where ``seq_len`` comes from (data.seq_len or a stage's), for the errors."""
     try:
         model_config.check_seq_len(seq_len)
     except ValueError as err:
-        raise ConfigError(f"data.seq_len={seq_len}: {err}") from err
+        raise ConfigError(f"{setting}={seq_len}: {err}") from err
     name = model_config.attn_backend
     try:
         backend = get_backend(resolve_backend(name, device))
         backend.check(device, seq_len, chunks=context_chunks, training=True)
     except (ValueError, RuntimeError) as err:
-        raise ConfigError(f"model.attn_backend={name}, data.seq_len={seq_len}: {err}") from err
+        raise ConfigError(f"model.attn_backend={name}, {setting}={seq_len}: {err}") from err
 
 
 def check_context_parallel(
-    trainer_cfg: DictConfig, model_config, seq_len: int, size: int, rounds: int
+    trainer_cfg: DictConfig,
+    model_config,
+    seq_len: int,
+    size: int,
+    rounds: int,
+    setting: str = "data.seq_len",
 ) -> None:
     """trainer.context_parallel (ranks that split each row) and trainer.context_parallel_rounds
-    (head-tail rounds per row) can work with this world, sequence length and model."""
+    (head-tail rounds per row) can work with this world, sequence length (from ``setting``) and
+    model."""
     try:
         split_context(
             size, rounds, seq_len=seq_len if size > 1 else None, world=world_size(trainer_cfg)
         )
     except ValueError as err:
         raise ConfigError(
-            f"trainer.context_parallel={size}, trainer.context_parallel_rounds={rounds}: {err}"
+            f"trainer.context_parallel={size}, trainer.context_parallel_rounds={rounds}, "
+            f"{setting}={seq_len}: {err}"
         ) from err
     if size > 1 and not isinstance(model_config, LlamaConfig):
         raise ConfigError(
@@ -253,15 +265,21 @@ def instantiate_config(group: str, node: DictConfig):
 
 
 def preflight(
-    cfg: DictConfig, model_config, seq_len: int, context_parallel: int, rounds: int
+    cfg: DictConfig, model_config, data_config, context_parallel: int, rounds: int
 ) -> torch.device:
     device = training_device(cfg.trainer)
     if not cfg.dry_run:  # a dry run plans for the target machine, maybe not this one
         check_devices(cfg.trainer, device)
     check_topology(cfg.trainer)
-    check_context_parallel(cfg.trainer, model_config, seq_len, context_parallel, rounds)
+    stages = [
+        (f"data.stages[{i}].seq_len", s.seq_len) for i, s in enumerate(data_config.stages or [])
+    ]
     chunks = 2 * context_parallel * rounds if context_parallel > 1 else 1
-    check_backend(model_config, seq_len, device, chunks)
+    for setting, seq_len in [*stages, ("data.seq_len", data_config.seq_len)]:
+        check_context_parallel(
+            cfg.trainer, model_config, seq_len, context_parallel, rounds, setting
+        )
+        check_backend(model_config, seq_len, device, chunks, setting)
     check_init_from(model_config)
     if not cfg.dry_run:
         check_memory(model_config, cfg.trainer, device)
@@ -405,9 +423,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
     context_parallel, context_parallel_rounds = pop_context_parallel(cfg)
-    device = preflight(
-        cfg, model_config, data_config.seq_len, context_parallel, context_parallel_rounds
-    )
+    device = preflight(cfg, model_config, data_config, context_parallel, context_parallel_rounds)
     if cfg.dry_run:
         return dry_run_report(model_config, cfg, device)
     identity = run_identity(model_config, data_config)
@@ -421,7 +437,11 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         print(arm_description(data_config.reset_position_ids, data_config.document_mask))
 
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = LongCtxDataModule(data_config, context_parallel=context_parallel)
+    datamodule = LongCtxDataModule(
+        data_config,
+        context_parallel=context_parallel,
+        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+    )
     datamodule.prepare_data()
     try:
         datamodule.check_vocab(model_config.vocab_size)

@@ -240,7 +240,10 @@ class LongCtxModule(L.LightningModule):
     # ---------------------------------------------------------------- training
     def training_step(self, batch: PackedBatch, batch_idx: int) -> None:
         if self._resumed_global_batch is not None:
-            self._keep_resumed_global_batch(batch.shape[0])
+            if batch.shape[0] == self._resumed_global_batch.micro_batch_rows:
+                self._keep_resumed_global_batch(batch.shape[0])
+            else:  # the data state refuses another micro_batch_size: a new stage began
+                self._resumed_global_batch = None
         self._micro_batch_rows = batch.shape[0]
         if self._micro == 0:
             self._step_start = time.perf_counter()
@@ -257,6 +260,8 @@ class LongCtxModule(L.LightningModule):
         their share (loss and targets of their tokens, 1/N of tokens and FLOPs), so the logged
         numbers are the rows' own, counted once."""
         self._micro += 1
+        origin = getattr(batch, "origin", None)  # a train stream's batch knows its stage
+        self._stage, self._seq_len = (origin.position.stage if origin else 0), batch.shape[1]
         self._loss_sum += loss_sum.float()
         self._num_targets += num_tokens
         self._num_input_tokens += batch.tokens.numel() // self.context_parallel
@@ -329,6 +334,8 @@ class LongCtxModule(L.LightningModule):
             "train/tokens_per_s": num_tokens / elapsed,
             "train/tokens_seen": float(self.tokens_seen),
             "train/docs_per_row": docs_per_row,
+            "train/stage": float(self._stage),
+            "train/seq_len": float(self._seq_len),
         }
         if not math.isnan(efficiency):
             metrics["train/packing_efficiency"] = efficiency

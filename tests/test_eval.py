@@ -224,6 +224,16 @@ def test_callback_writes_curves_and_probe(trained_run):
     probe = pd.read_csv(trained_run / "eval" / "passkey_accuracy.csv")
     assert list(probe["length"].unique()) == [128] and probe["samples"].eq(2).all()
     assert probe["accuracy"].between(0, 1).all()
+    # the long held-out documents, out to 4 x 256 at every validation
+    long = pd.read_csv(trained_run / "eval" / "long_documents.csv")
+    assert sorted(long["step"].unique()) == [1, 2] and long["bucket_start"].max() == 512
+    octaves = json.loads((trained_run / "eval" / "long_documents_step2.json").read_text())
+    assert [r["multiple"] for r in octaves["octaves"]] == [1, 2, 4]
+    logged_long = pd.read_csv(trained_run / "csv" / "metrics.csv").dropna(
+        subset=["val/long_loss/4x"]
+    )
+    for r in octaves["octaves"]:
+        assert r["loss"] == pytest.approx(logged_long[f"val/long_loss/{r['multiple']}x"].iloc[-1])
 
 
 @pytest.mark.slow
@@ -241,6 +251,10 @@ def test_cli_reproduces_the_logged_validation(trained_run, tmp_path):
     table = pd.read_csv(out / "passkey_accuracy.csv")
     assert table[["length", "depth"]].values.tolist() == [[128, 0.0], [128, 1.0]]
     assert len(pd.read_csv(out / "position_loss.csv")) == 2 * len(bucket_starts(256))
+    assert [r["end"] for r in summary["long_documents"]] == [256, 512, 1024]
+    with pytest.raises(ValueError, match=r"evaluation length 262144 \(--long-factor 1024 x "
+                       r"seq_len\) exceeds model.max_seq_len=131072"):  # fmt: skip
+        cli.main([str(ckpt), "--out", str(out), "--long-factor", "1024"])
 
 
 class _RunsCode:

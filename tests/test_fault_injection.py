@@ -149,6 +149,30 @@ def test_sigterm_during_validation_saves_and_says_so(root, reference):
     assert_same_params(run, reference)
 
 
+# steps 0-2: 4 rows of 128 (stage 0); steps 3-5: 2 rows of 256 (data.seq_len, stage 1)
+STAGES = "data.stages=[{until_step:3,seq_len:128,micro_batch_size:4}]"
+
+
+def test_resume_across_a_stage_boundary_is_bitwise_exact(root):
+    """Preempted right at the boundary (saved at step 3, the next step is the first of stage
+    1), then killed just after it (last checkpoint at step 4), the staged run ends with the
+    parameters of an uninterrupted one; train/stage and train/seq_len follow the stages."""
+    ok(train(root, "run_name=staged_reference", STAGES))
+    reference_run = run_folder(root, "staged_reference")
+    steps = [r for r in read_metrics(reference_run) if r.get("train/loss")]
+    logged = [(float(r["train/stage"]), float(r["train/seq_len"])) for r in steps]
+    assert logged == [(0.0, 128.0)] * 3 + [(1.0, 256.0)] * 3
+    run = run_folder(root, "staged")
+    ok(train(root, "run_name=staged", STAGES, *fault("sigterm_group", 2)))
+    assert load(run / "checkpoints" / "last.ckpt")["global_step"] == 3
+    crashed = train(root, "run_name=staged", "ckpt_path=last", STAGES, *fault("crash", 5))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert load(run / "checkpoints" / "last.ckpt")["global_step"] == 4
+    ok(train(root, "run_name=staged", "ckpt_path=last", STAGES))
+    reference = load(reference_run / "checkpoints" / "last.ckpt")["state_dict"]
+    assert_same_params(run, reference)
+
+
 def test_resume_with_a_changed_arm_is_refused_unless_allowed(root, reference):
     shutil.copytree(run_folder(root, "reference"), run_folder(root, "arm"))
     run = run_folder(root, "arm")

@@ -57,7 +57,10 @@ def test_every_group_option_composes(group, tmp_path):
 
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes(experiment, tmp_path):
-    cfg = compose([f"experiment={experiment}"], output_dir=tmp_path)
+    overrides = [f"experiment={experiment}"]
+    if experiment == "context_extension":  # stage 2 of a recipe: needs stage 1's weights
+        overrides.append(f"model.init_from={tmp_path}")
+    cfg = compose(overrides, output_dir=tmp_path)
     OmegaConf.resolve(cfg)
     assert instantiate(cfg.model).n_layers >= 1
     assert instantiate(cfg.data).seq_len >= 1

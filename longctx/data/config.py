@@ -3,6 +3,43 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """Rows of ``seq_len`` tokens, ``micro_batch_size`` per micro-batch, for the optimizer
+    steps before ``until_step`` (and from the previous stage's ``until_step`` on)."""
+
+    until_step: int
+    seq_len: int
+    micro_batch_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthUpsampling:
+    """Documents of at least ``min_tokens`` tokens drawn ``factor`` times as often: each appears
+    ``factor`` times in every data epoch of its source. ``per_source``: the sources keep their
+    token shares (Fu et al. 2024's per-source upsampling); else long documents gain on every
+    source alike and a source rich in them gains share (global upsampling)."""
+
+    min_tokens: int
+    factor: int
+    per_source: bool = True
+
+    def __post_init__(self) -> None:
+        where = "DataConfig.length_upsampling"
+        if isinstance(self.factor, bool) or not isinstance(self.factor, int) or self.factor < 1:
+            raise ValueError(
+                f"{where}.factor={self.factor!r}; expected a whole number >= 1 (the times a long "
+                "document appears in a data epoch; 1 = no upsampling)"
+            )
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int):
+            raise ValueError(f"{where}.min_tokens={self.min_tokens!r}; expected an int")
+        if self.min_tokens < 1:
+            raise ValueError(f"{where}.min_tokens={self.min_tokens}; expected >= 1")
+        if not isinstance(self.per_source, bool):
+            raise ValueError(f"{where}.per_source={self.per_source!r}; expected true or false")
 
 
 @dataclasses.dataclass
@@ -24,10 +61,20 @@ class DataConfig:
     # max(1, num_workers). A multiple of (data-parallel ranks x num_workers) packs each row once
     num_streams: int | None = None
     chunk_documents: int = 10_000  # resume replays at most this many documents per stream
+    # a prepared folder of long documents no training row contains (longctx.eval.long_documents);
+    # None -> the embedded corpus's held-out books (only with shards=None)
+    long_documents: str | None = None
+    # earlier stages of a growing context (Stage dicts, in step order); from the last one's
+    # until_step on, rows are seq_len x micro_batch_size (the run's length, validated at)
+    stages: list[Stage] | None = None
+    length_upsampling: LengthUpsampling | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.shards, str):  # data.shards=/one/folder: one source, not its letters
             self.shards = [self.shards]
+        self.stages = _stages(self.stages)
+        if isinstance(self.length_upsampling, dict):  # Hydra hands nested configs over as dicts
+            self.length_upsampling = LengthUpsampling(**self.length_upsampling)
         for name in ("seq_len", "micro_batch_size", "buffer_size", "val_rows", "chunk_documents"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
         _require(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0")
@@ -64,6 +111,46 @@ class DataConfig:
     @property
     def effective_streams(self) -> int:
         return self.num_streams or max(1, self.num_workers)
+
+    def stage_configs(self) -> list[DataConfig]:
+        """One config per stage (its seq_len and micro_batch_size), the last one this."""
+        earlier = [
+            dataclasses.replace(
+                self, seq_len=s.seq_len, micro_batch_size=s.micro_batch_size, stages=None
+            )
+            for s in self.stages or []
+        ]
+        return [*earlier, self]
+
+
+def _stages(stages: Any) -> list[Stage] | None:
+    """Stage entries from Hydra's dicts, checked: positive fields, steps increasing."""
+    if stages is None:
+        return None
+    if isinstance(stages, dict | str) or not hasattr(stages, "__iter__"):
+        raise ValueError(
+            f"DataConfig.stages={stages!r}; expected a list of "
+            "{until_step, seq_len, micro_batch_size} entries"
+        )
+    out = []
+    for i, entry in enumerate(stages):
+        stage = Stage(**entry) if isinstance(entry, dict) else entry
+        if not isinstance(stage, Stage):
+            raise ValueError(
+                f"DataConfig.stages[{i}]={entry!r}; expected {{until_step, seq_len, "
+                "micro_batch_size}"
+            )
+        for name in ("until_step", "seq_len", "micro_batch_size"):
+            value = getattr(stage, name)
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            _require(ok, f"stages[{i}].{name}", value, "an int >= 1")
+        if out and stage.until_step <= out[-1].until_step:
+            raise ValueError(
+                f"DataConfig.stages[{i}].until_step={stage.until_step}; expected more than "
+                f"stages[{i - 1}].until_step={out[-1].until_step} (stages in increasing step order)"
+            )
+        out.append(stage)
+    return out or None
 
 
 def _require(ok: bool, name: str, value, expected: str) -> None:

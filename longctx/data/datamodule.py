@@ -7,6 +7,7 @@ rank topology, DataLoaders, the fixed validation set, and the checkpointed data 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -18,7 +19,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from longctx.batch import PackedBatch
@@ -29,10 +30,14 @@ from longctx.data.streams import (
     STATE_VERSION,
     FixedBatches,
     Progress,
+    StageSchedule,
     StreamPosition,
     TrainStream,
     check_state_version,
+    long_token_share,
     merge_rank_states,
+    slot_probabilities,
+    upsampled_slots,
 )
 from longctx.distributed.context import data_parallel_rank_and_size
 from longctx.packing import PackedRow, collate_rows, make_packer
@@ -80,13 +85,16 @@ class LongCtxDataModule(L.LightningDataModule):
         rank: int | None = None,
         world_size: int | None = None,
         context_parallel: int = 1,
+        accumulate_grad_batches: int = 1,
     ) -> None:
         """rank / world_size: data-parallel ones, fixed here (tests) or taken from the trainer;
-        context_parallel: ranks sharing each row, which all read the same batches."""
+        context_parallel: ranks sharing each row, which all read the same batches;
+        accumulate_grad_batches: micro-batches per rank and step (where data.stages change)."""
         super().__init__()
         self.config = config
         self._rank, self._world = rank, world_size
         self.context_parallel = context_parallel
+        self.accumulate_grad_batches = accumulate_grad_batches
         self._progress = Progress()
         self._folders: list[Path] | None = None
         self._manifests: list[Manifest] | None = None
@@ -100,6 +108,24 @@ class LongCtxDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         self._open()
         self._progress.counted_by_trainer = self.trainer is not None
+        if self.config.length_upsampling is not None and stage in (None, "fit"):
+            self._report_long_token_share()
+
+    def _report_long_token_share(self) -> None:
+        """Print (rank 0) and log the token share of long documents, before and after."""
+        spec = self.config.length_upsampling
+        lengths = [s.document_lengths() for s in self._open()]
+        every_document_once = [np.arange(len(n)) for n in lengths]
+        before = long_token_share(self._weights(), lengths, every_document_once, spec.min_tokens)
+        probabilities, slots = self._mixing()
+        after = long_token_share(probabilities, lengths, slots, spec.min_tokens)
+        rank_zero_info(
+            f"length upsampling: documents of >= {spec.min_tokens} tokens drawn {spec.factor}x "
+            f"as often ({'per source' if spec.per_source else 'globally'}): their token share "
+            f"{before:.1%} -> {after:.1%}"
+        )
+        for logger in self.trainer.loggers if self.trainer is not None else []:
+            logger.log_metrics({"data/long_token_share": after}, step=0)
 
     def folders(self) -> list[Path]:
         """The prepared folders read: data.shards, or the embedded corpus (prepared on first use)."""
@@ -200,16 +226,43 @@ class LongCtxDataModule(L.LightningDataModule):
                     "per stream"
                 )
         _warn_shared_streams(num_streams, world, self.config.num_workers)
-        weights = np.asarray(self.config.weights or [1.0] * len(sources), dtype=np.float64)
+        probabilities, slots = self._mixing()
         return TrainStream(
             sources,
-            weights / weights.sum(),
+            probabilities,
             self.config,
             self.pad_id,
             rank,
             world,
             self.batches_per_epoch(),
+            self.schedule(),
+            slots,
         )
+
+    def schedule(self) -> StageSchedule:
+        """Where each stage starts, in global micro-batches (all ranks', accumulation's)."""
+        return StageSchedule(self.config, self.accumulate_grad_batches * self.world_size)
+
+    def _weights(self) -> np.ndarray:
+        weights = np.asarray(self.config.weights or [1.0] * len(self._open()), dtype=np.float64)
+        return weights / weights.sum()
+
+    def _mixing(self) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        """(the chance of each source per document slot, each source's epoch slots or None)."""
+        spec = self.config.length_upsampling
+        if spec is None:
+            return self._weights(), None
+        lengths = [s.document_lengths() for s in self._open()]
+        longest = max(int(n.max()) for n in lengths)
+        if spec.min_tokens > longest:
+            raise ValueError(
+                f"DataConfig.length_upsampling.min_tokens={spec.min_tokens} is above every "
+                f"training document (the longest has {longest} tokens, in "
+                f"{[str(f) for f in self.folders()]}); expected a threshold that some "
+                "documents reach"
+            )
+        slots = [upsampled_slots(n, spec.min_tokens, spec.factor) for n in lengths]
+        return slot_probabilities(self._weights(), lengths, slots, spec.per_source), slots
 
     def train_dataloader(self) -> DataLoader:
         workers = self.config.num_workers
@@ -294,7 +347,7 @@ class LongCtxDataModule(L.LightningDataModule):
         local = {
             "version": STATE_VERSION,
             "fingerprint": self._fingerprint(),
-            "rows_consumed": self._progress.micro_batches * self.config.micro_batch_size,
+            "rows_consumed": self.schedule().rows_before(self._progress.micro_batches),
             "streams": {int(k): list(p) for k, p in self._progress.positions.items()},
         }
         states = [local]
@@ -318,13 +371,9 @@ class LongCtxDataModule(L.LightningDataModule):
                 f"cannot resume the data stream exactly: settings changed since the "
                 f"checkpoint (saved, now): {changed}{hint}"
             )
-        rows, per_micro_batch = int(state["rows_consumed"]), self.config.micro_batch_size
-        if rows % per_micro_batch:
-            raise ValueError(
-                f"the data state has consumed {rows} rows, not a whole number of micro-batches "
-                f"of micro_batch_size={per_micro_batch}"
-            )
-        self._progress.micro_batches = rows // per_micro_batch
+        self._progress.micro_batches = self.schedule().micro_batches_for(
+            int(state["rows_consumed"])
+        )
         self._progress.positions = {int(k): StreamPosition(*p) for k, p in state["streams"].items()}
 
     def _gathers(self) -> bool:
@@ -347,6 +396,13 @@ class LongCtxDataModule(L.LightningDataModule):
             "buffer_size": c.buffer_size,
             "num_streams": c.effective_streams,
             "chunk_documents": c.chunk_documents,
+            "stages": [dataclasses.asdict(s) for s in c.stages] if c.stages else None,
+            # where the stages change in micro-batches: on another number of ranks they would
+            # not fall on the same rows
+            "stage_starts": self.schedule().starts if c.stages else None,
+            "length_upsampling": (
+                dataclasses.asdict(c.length_upsampling) if c.length_upsampling else None
+            ),
         }
 
     def _load_manifests(self) -> list[Manifest]:

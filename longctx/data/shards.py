@@ -277,6 +277,12 @@ class ShardSet:
                 f"{self.manifest.vocab_size} of its manifest; the shard is corrupt"
             )
 
+    def document_lengths(self) -> np.ndarray:
+        """int64 [documents]: tokens of every document (EOS included)."""
+        if not self._offsets:
+            return np.zeros(0, np.int64)
+        return np.concatenate([np.diff(o) for o in self._offsets]).astype(np.int64)
+
     def __len__(self) -> int:
         return self.num_documents
 

@@ -30,6 +30,14 @@ How the document stream is cut (and why):
   Lightning epoch is a fixed ``batches_per_epoch = train tokens // (D * B * L)`` rounds on
   every rank, so ranks always step together (no DDP hang). The last rows of a data epoch are
   packed together with the first documents of the next.
+* Stages (``data.stages``). The global micro-batches of stage ``s`` are a range of their own
+  (``until_step x`` micro-batches per step); inside it micro-batch ``v`` is batch ``v // N`` of
+  stream ``v % N``, packed at the stage's length. At a stage boundary every stream goes on at
+  its next chunk with the new length (the rest of its current chunk, at most
+  ``chunk_documents`` documents, is skipped): the documents keep flowing, and where a stream
+  starts in stage ``s`` follows from where it stood in stage ``s - 1``.
+* Length upsampling (``data.length_upsampling``). A data epoch of a source is a permutation of
+  its slots: every document once, and a long one ``factor`` times.
 * Exact, elastic resume. The state is the number of global rows the training loop consumed
   (counted in ``on_before_batch_transfer``, after Lightning's prefetch, so prefetched batches do
   not count) plus each stream's position (batches taken, cursor) after its last consumed batch,
@@ -43,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -70,10 +79,13 @@ class DocumentStream:
         stream: int,
         num_streams: int,
         chunk_documents: int,
+        slots: list[np.ndarray] | None = None,
     ) -> None:
         self.sources, self.weights, self.seed = sources, weights, seed
         self.stream, self.num_streams, self.chunk = stream, num_streams, chunk_documents
-        self.shares = [len(range(stream, len(s), num_streams)) for s in sources]
+        # a source's data epoch: these document ids, permuted (every document once by default)
+        self.slots = slots or [np.arange(len(s)) for s in sources]
+        self.shares = [len(range(stream, len(s), num_streams)) for s in self.slots]
         self._counts = {0: np.zeros(len(sources), dtype=np.int64)}  # per-source docs before chunk
 
     def chunk_ids(self, chunk: int) -> list[tuple[int, int]]:
@@ -109,10 +121,11 @@ class DocumentStream:
         share = self.shares[source]
         epochs, positions = np.divmod(local, share)
         out = np.empty(len(local), dtype=np.int64)
+        slots = self.slots[source]
         for epoch in np.unique(epochs):
-            perm = epoch_permutation(self.seed, source, int(epoch), len(self.sources[source]))
+            perm = epoch_permutation(self.seed, source, int(epoch), len(slots))
             mine = perm[self.stream :: self.num_streams]
-            out[epochs == epoch] = mine[positions[epochs == epoch]]
+            out[epochs == epoch] = slots[mine[positions[epochs == epoch]]]
         return out
 
 
@@ -166,28 +179,35 @@ def _mix(*values: int) -> int:
 
 
 class StreamPosition(NamedTuple):
-    """Where a stream stands: batches taken from it, and its row cursor after them."""
+    """Where a stream stands: batches taken from it in its stage, and its row cursor after them."""
 
     batches: int = 0
     chunk: int = 0
     rows: int = 0  # rows already taken from the chunk
+    stage: int = 0  # last: a data state written before stages reads as stage 0
+
+    def next_stage(self) -> StreamPosition:
+        """The start of the next stage: the next chunk, unless this one was never read from."""
+        return StreamPosition(0, self.chunk + (self.rows > 0), 0, self.stage + 1)
 
 
 class BatchStream:
     """Micro-batches of one stream, from a position."""
 
-    def __init__(self, rows: RowStream, config: DataConfig, batch_index: int) -> None:
-        self.rows, self.config = rows, config
+    def __init__(
+        self, rows: RowStream, config: DataConfig, batch_index: int, stage: int = 0
+    ) -> None:
+        self.rows, self.config, self.stage = rows, config, stage
         self.batch_index = batch_index  # index of the next batch this stream yields
         self._it = iter(rows)
 
     @classmethod
     def at(cls, docs: DocumentStream, config: DataConfig, pad_id: int, at: StreamPosition):
         rows = RowStream(docs, config, pad_id, (at.chunk, at.rows))
-        return cls(rows, config, at.batches)
+        return cls(rows, config, at.batches, at.stage)
 
     def position(self) -> StreamPosition:
-        return StreamPosition(self.batch_index, *self.rows.cursor)
+        return StreamPosition(self.batch_index, *self.rows.cursor, self.stage)
 
     def next_rows(self) -> list[PackedRow]:
         rows = [next(self._it) for _ in range(self.config.micro_batch_size)]
@@ -208,7 +228,7 @@ class BatchOrigin(NamedTuple):
     first: int  # the first global micro-batch of its round
     ranks: int  # data-parallel ranks in the round
     stream: int
-    position: StreamPosition  # the stream's position after this batch
+    position: StreamPosition  # the stream's position after this batch (its stage included)
 
 
 @dataclasses.dataclass
@@ -218,10 +238,87 @@ class StreamBatch(PackedBatch):
     origin: BatchOrigin | None = None
 
 
-# --------------------------------------------------------------------------- datasets
+# --------------------------------------------------------------------------- length upsampling
+def upsampled_slots(lengths: np.ndarray, min_tokens: int, factor: int) -> np.ndarray:
+    """A source's data epoch before its permutation: every document id, and ``factor - 1``
+    more copies of each with at least ``min_tokens`` tokens."""
+    ids = np.arange(len(lengths))
+    return np.concatenate([ids, np.repeat(ids[lengths >= min_tokens], factor - 1)])
+
+
+def slot_probabilities(
+    weights: np.ndarray, lengths: list[np.ndarray], slots: list[np.ndarray], per_source: bool
+) -> np.ndarray:
+    """The chance a document slot goes to each source. A source's token share is its chance
+    times its mean document length; ``per_source`` scales each chance by (mean length before
+    upsampling / after) so every share stays what the weights made it."""
+    if not per_source:
+        return weights
+    scale = [n.mean() / n[s].mean() for n, s in zip(lengths, slots, strict=True)]
+    scaled = weights * np.asarray(scale)
+    return scaled / scaled.sum()
+
+
+def long_token_share(
+    probabilities: np.ndarray, lengths: list[np.ndarray], slots: list[np.ndarray], min_tokens: int
+) -> float:
+    """Expected fraction of training tokens from documents of at least ``min_tokens`` tokens."""
+    long = total = 0.0
+    for p, n, s in zip(probabilities, lengths, slots, strict=True):
+        drawn = n[s]
+        long += p * np.where(drawn >= min_tokens, drawn, 0).mean()
+        total += p * drawn.mean()
+    return float(long / total)
+
+
+# --------------------------------------------------------------------------- stages
 def micro_batch_source(micro_batch: int, num_streams: int) -> tuple[int, int]:
-    """(stream, batch index in it) of the run's global micro-batch ``micro_batch``."""
+    """(stream, batch index in it) of a global micro-batch, counted from its stage's start."""
     return micro_batch % num_streams, micro_batch // num_streams
+
+
+class StageSchedule:
+    """The global micro-batches of each stage: stage ``s`` is ``[starts[s], starts[s + 1])``,
+    ``until_step x micro_batches_per_step`` (all ranks' micro-batches of one optimizer step)."""
+
+    def __init__(self, config: DataConfig, micro_batches_per_step: int) -> None:
+        self.configs = config.stage_configs()
+        ends = [s.until_step * micro_batches_per_step for s in config.stages or []]
+        self.starts = [0, *ends]
+
+    def stage_of(self, micro_batch: int) -> int:
+        return sum(micro_batch >= start for start in self.starts[1:])
+
+    def batches_of_stream(self, stage: int, stream: int, num_streams: int) -> int:
+        """How many batches ``stream`` yields in a (finite) earlier stage."""
+        return len(range(stream, self.starts[stage + 1] - self.starts[stage], num_streams))
+
+    def _spans(self):
+        """(first micro-batch, end or inf, config) of every stage."""
+        return zip(self.starts, [*self.starts[1:], math.inf], self.configs, strict=True)
+
+    def rows_before(self, micro_batch: int) -> int:
+        """Rows in the global micro-batches before ``micro_batch``."""
+        return sum(
+            max(0, min(micro_batch, end) - start) * config.micro_batch_size
+            for start, end, config in self._spans()
+        )
+
+    def micro_batches_for(self, rows: int) -> int:
+        """The global micro-batches that hold ``rows`` rows (the inverse of rows_before)."""
+        micro_batches, left = 0, rows
+        for stage, (start, end, config) in enumerate(self._spans()):
+            take = min(left, (end - start) * config.micro_batch_size)
+            if take % config.micro_batch_size:
+                raise ValueError(
+                    f"the data state has consumed {rows} rows, which ends inside a micro-batch "
+                    f"of stage {stage} (micro_batch_size={config.micro_batch_size})"
+                )
+            micro_batches, left = micro_batches + int(take) // config.micro_batch_size, left - take
+        return micro_batches
+
+
+# --------------------------------------------------------------------------- datasets
 
 
 class TrainStream(IterableDataset):
@@ -237,10 +334,14 @@ class TrainStream(IterableDataset):
         rank: int,
         world_size: int,
         batches_per_epoch: int,
+        schedule: StageSchedule | None = None,
+        slots: list[np.ndarray] | None = None,
     ) -> None:
         self.sources, self.weights, self.config, self.pad_id = sources, weights, config, pad_id
         self.rank, self.world_size = rank, world_size
         self.batches_per_epoch = batches_per_epoch
+        self.schedule = schedule or StageSchedule(config, 1)
+        self.slots = slots
         self.start = 0  # global micro-batches consumed when an iterator starts (from the progress)
         self.positions: dict[int, StreamPosition] = {}  # stream -> position after its last batch
 
@@ -256,11 +357,15 @@ class TrainStream(IterableDataset):
     def __iter__(self) -> Iterator[StreamBatch]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        streams: dict[int, BatchStream] = {}
+        streams: dict[tuple[int, int], BatchStream] = {}  # (stage, stream) -> stream
         for n in range(worker, self.rounds_left(), workers):
             first = self.start + n * self.world_size
-            k, index = micro_batch_source(first + self.rank, self.config.effective_streams)
-            stream = streams.get(k) or streams.setdefault(k, self._open_stream(k))
+            stage = self.schedule.stage_of(first + self.rank)
+            local = first + self.rank - self.schedule.starts[stage]
+            k, index = micro_batch_source(local, self.config.effective_streams)
+            stream = streams.get((stage, k)) or streams.setdefault(
+                (stage, k), self._open_stream(k, stage)
+            )
             if stream.batch_index > index:
                 raise RuntimeError(
                     f"stream {k} is at batch {stream.batch_index}, past batch {index} that "
@@ -274,7 +379,9 @@ class TrainStream(IterableDataset):
                 batch.tokens, batch.labels, batch.position_ids, batch.seq_lens, origin
             )
 
-    def _open_stream(self, k: int) -> BatchStream:
+    def _open_stream(self, k: int, stage: int = 0) -> BatchStream:
+        """Stream ``k`` in ``stage``, from its last known position, carried over the
+        boundaries of the stages in between."""
         docs = DocumentStream(
             self.sources,
             self.weights,
@@ -282,9 +389,21 @@ class TrainStream(IterableDataset):
             k,
             self.config.effective_streams,
             self.config.chunk_documents,
+            self.slots,
         )
         at = self.positions.get(k, StreamPosition())
-        return BatchStream.at(docs, self.config, self.pad_id, at)
+        if at.stage > stage:
+            raise RuntimeError(
+                f"stream {k} is in stage {at.stage}, past stage {stage} that the next batch "
+                "needs: the resume state is inconsistent"
+            )
+        while at.stage < stage:
+            stream = BatchStream.at(docs, self.schedule.configs[at.stage], self.pad_id, at)
+            end = self.schedule.batches_of_stream(at.stage, k, self.config.effective_streams)
+            while stream.batch_index < end:
+                stream.next_rows()
+            at = stream.position().next_stage()
+        return BatchStream.at(docs, self.schedule.configs[stage], self.pad_id, at)
 
 
 class FixedBatches(IterableDataset):
@@ -350,8 +469,9 @@ def merge_rank_states(states: list[dict]) -> dict:
             "must be taken with every rank at the same micro-batch"
         )
     streams: dict[int, list[int]] = {}
+    furthest = lambda p: (StreamPosition(*p).stage, p[0])  # noqa: E731  (stage, batches)
     for state in states:
         for k, position in state["streams"].items():
-            if k not in streams or position[0] > streams[k][0]:
+            if k not in streams or furthest(position) > furthest(streams[k]):
                 streams[k] = list(position)
     return {**first, "streams": dict(sorted(streams.items()))}

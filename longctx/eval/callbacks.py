@@ -19,10 +19,18 @@ import torch
 
 from longctx.eval.documents import document_batches, mean_loss, score_documents
 from longctx.eval.files import append_rows, write_json, write_rows
+from longctx.eval.long_documents import (
+    check_eval_length,
+    check_factor,
+    load_long_documents,
+    octave_metrics,
+    octave_table,
+    probe_lengths,
+    score_long_documents,
+)
 from longctx.eval.probes import (
     DEFAULT_DEPTHS,
     accuracy_table,
-    default_lengths,
     make_probes,
     score_probes,
 )
@@ -38,14 +46,25 @@ class PositionLossCurves(L.Callback):
         probe_samples: int = 2,
         probe_batch_size: int = 4,
         seed: int = 0,
+        probe_factor: int = 1,
     ) -> None:
+        check_factor(probe_factor)
         self.out_dir = out_dir
-        self.probe, self.probe_lengths = probe, probe_lengths
+        self.probe, self.probe_lengths, self.probe_factor = probe, probe_lengths, probe_factor
         self.probe_depths, self.probe_samples = list(probe_depths), probe_samples
         self.probe_batch_size, self.seed = probe_batch_size, seed
 
     def _out(self, trainer: L.Trainer) -> Path:
         return Path(self.out_dir or Path(trainer.default_root_dir) / "eval")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Refuse probe lengths RoPE is not configured for before training, not at its end."""
+        if self.probe and trainer.datamodule is not None:
+            for n in self._probe_lengths(trainer.datamodule.config.seq_len):
+                check_eval_length(n, pl_module.model_config.max_seq_len, "passkey probe length")
+
+    def _probe_lengths(self, seq_len: int) -> list[int]:
+        return list(self.probe_lengths or probe_lengths(seq_len, self.probe_factor))
 
     # ------------------------------------------------------------ per-position loss
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -96,7 +115,7 @@ class PositionLossCurves(L.Callback):
 
         dm = trainer.datamodule
         tokenizer = load_tokenizer(dm.manifest.tokenizer)
-        lengths = self.probe_lengths or default_lengths(dm.config.seq_len)
+        lengths = self._probe_lengths(dm.config.seq_len)
         probes = make_probes(tokenizer, lengths, self.probe_depths, self.probe_samples, self.seed)
         model = pl_module.model
         was_training = model.training
@@ -195,3 +214,51 @@ def position_curve(records: list[dict]) -> list[list]:
         acc[0] += r["loss_sum"]
         acc[1] += r["tokens"]
     return [[start, total / count, count] for start, (total, count) in sorted(sums.items())]
+
+
+class LongDocumentLoss(L.Callback):
+    """At every validation: per-position loss on the long held-out documents out to ``factor``
+    x the training length (:mod:`longctx.eval.long_documents`).
+
+    Logs ``val/long_loss/<m>x`` for the octave ending at m x seq_len, appends the per (step,
+    document, log2 bucket) records to ``<out>/long_documents.csv`` and writes the octave table
+    to ``<out>/long_documents_step<N>.json``. Every rank scores (FSDP's collectives stay
+    matched); rank 0 writes. A length beyond model.max_seq_len is refused at setup.
+    """
+
+    def __init__(self, factor: int = 4, out_dir: str | None = None) -> None:
+        check_factor(factor)
+        self.factor, self.out_dir = factor, out_dir
+        self._docs = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        seq_len = trainer.datamodule.config.seq_len
+        check_eval_length(
+            self.factor * seq_len,
+            pl_module.model_config.max_seq_len,
+            f"LongDocumentLoss factor={self.factor} x data.seq_len={seq_len}",
+        )
+        self._docs = load_long_documents(trainer.datamodule.config)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        seq_len = trainer.datamodule.config.seq_len
+        scored = score_long_documents(
+            pl_module.model,
+            self._docs,
+            seq_len,
+            self.factor,
+            pl_module.model_config.max_seq_len,
+            trainer.datamodule.pad_id,
+            pl_module.device,
+            trainer.precision_plugin.forward_context,
+        )
+        table = octave_table(scored["octaves"], seq_len, self.factor)
+        for name, value in octave_metrics(table).items():
+            pl_module.log(name, value, batch_size=1)
+        if trainer.is_global_zero:
+            step = trainer.global_step
+            out = Path(self.out_dir or Path(trainer.default_root_dir) / "eval")
+            append_rows([{"step": step, **r} for r in scored["curve"]], out / "long_documents.csv")
+            write_json({"step": step, "octaves": table}, out / f"long_documents_step{step}.json")

@@ -3,8 +3,9 @@
 The model and data config stored in the checkpoint (by train.py) rebuild the model as it was
 trained; the checkpoint is read weights-only (a checkpoint is data: a crafted pickle in one
 must not run code), and its ``model.*`` weights are loaded; the fixed validation set gives the loss by
-position bucket; the passkey probe gives accuracy by context length and needle depth. Results go
-to ``--out`` (default ``<run>/eval``) as CSV and JSON.
+position bucket; the long held-out documents give it out to ``--long-factor`` x seq_len
+(longctx.eval.long_documents); the passkey probe gives accuracy by context length (up to the same
+length) and needle depth. Results go to ``--out`` (default ``<run>/eval``) as CSV and JSON.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ from pathlib import Path
 import torch
 
 from longctx.eval.files import write_json, write_rows
+from longctx.eval.long_documents import (
+    check_eval_length,
+    check_factor,
+    load_long_documents,
+    octave_table,
+    probe_lengths,
+    score_long_documents,
+)
 from longctx.eval.position_loss import PositionLoss
 from longctx.eval.probes import (
     DEFAULT_DEPTHS,
     accuracy_table,
-    default_lengths,
     make_probes,
     score_probes,
 )
@@ -117,7 +125,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         nargs="*",
         default=None,
-        help="passkey context lengths (default: 1024, 2048, ... up to seq_len)",
+        help="passkey context lengths (default: 1024, 2048, ... up to --long-factor x seq_len)",
+    )
+    p.add_argument(
+        "--long-factor",
+        type=int,
+        default=4,
+        help="long held-out documents scored out to this many x seq_len (a power of two)",
     )
     p.add_argument("--probe-depths", type=float, nargs="*", default=list(DEFAULT_DEPTHS))
     p.add_argument("--probe-samples", type=int, default=4)
@@ -137,6 +151,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     # <run>/checkpoints/last.ckpt -> <run>/eval
     out = args.out or args.checkpoint.resolve().parent.parent / "eval"
+    check_lengths(args, model_config.max_seq_len, data_config.seq_len)
     model = load_model(state, args.checkpoint, model_config, args.device)
     datamodule = LongCtxDataModule(data_config)
     acc = position_loss(model, datamodule, args.device)
@@ -147,17 +162,39 @@ def run(args: argparse.Namespace) -> dict:
         "position_loss": acc.records(),
     }
     write_rows(acc.records(), out / "position_loss.csv")
+    long = score_long_documents(
+        model,
+        load_long_documents(data_config),
+        data_config.seq_len,
+        args.long_factor,
+        model_config.max_seq_len,
+        datamodule.pad_id,
+        args.device,
+    )
+    summary["long_documents"] = octave_table(long["octaves"], data_config.seq_len, args.long_factor)
+    write_rows(long["curve"], out / "long_documents.csv")
     if not args.no_probe:
         tokenizer = load_tokenizer(datamodule.manifest.tokenizer)
-        lengths = args.probe_lengths or default_lengths(data_config.seq_len)
+        lengths = args.probe_lengths or probe_lengths(data_config.seq_len, args.long_factor)
         probes = make_probes(tokenizer, lengths, args.probe_depths, args.probe_samples, args.seed)
         results = score_probes(model, probes, args.probe_batch_size, args.device)
         summary["passkey"] = accuracy_table(results)
         write_rows(results, out / "passkey_probes.csv")
         write_rows(summary["passkey"], out / "passkey_accuracy.csv")
     write_json(summary, out / "eval.json")
-    print(f"val loss {summary['val_loss']:.4f}; results in {out}")
+    octaves = ", ".join(f"{r['multiple']}x {r['loss']:.4f}" for r in summary["long_documents"])
+    print(f"val loss {summary['val_loss']:.4f}; long documents by octave {octaves}; in {out}")
     return summary
+
+
+def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> None:
+    """Every evaluation length within model.max_seq_len, before anything is loaded."""
+    check_factor(args.long_factor)
+    lengths = [(seq_len, "--seq-len / data.seq_len")]
+    lengths.append((args.long_factor * seq_len, f"--long-factor {args.long_factor} x seq_len"))
+    lengths += [(n, "--probe-lengths") for n in args.probe_lengths or [] if not args.no_probe]
+    for length, what in lengths:
+        check_eval_length(length, max_seq_len, what)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -59,8 +59,14 @@ def _batch(rows: list[list[int]], docs, seq_len: int, pad_id: int):
     return PackedBatch(batch.tokens, labels, batch.position_ids, batch.seq_lens), rows
 
 
-def document_records(token_loss: Tensor, batch: PackedBatch, rows: list[list[int]]) -> list[dict]:
-    """Loss sums and target counts per (document, in-document position bucket)."""
+def document_records(
+    token_loss: Tensor,
+    batch: PackedBatch,
+    rows: list[list[int]],
+    range_starts: Sequence[int] | None = None,
+) -> list[dict]:
+    """Loss sums and target counts per (document, in-document position bucket): the log2
+    buckets, or the ranges [range_starts[i], range_starts[i + 1]) when given."""
     records = []
     scored = batch.labels != IGNORE_INDEX
     for r, docs in enumerate(rows):
@@ -68,8 +74,12 @@ def document_records(token_loss: Tensor, batch: PackedBatch, rows: list[list[int
         for doc, n in zip(docs, batch.seq_lens[r].tolist(), strict=False):
             keep = scored[r, start : start + n]
             loss = token_loss[r, start : start + n][keep].double()
-            buckets = bucket_of(batch.position_ids[r, start : start + n][keep])
-            starts = bucket_starts(int(n))
+            positions = batch.position_ids[r, start : start + n][keep]
+            if range_starts is None:
+                buckets, starts = bucket_of(positions), bucket_starts(int(n))
+            else:
+                starts = list(range_starts)
+                buckets = torch.bucketize(positions, torch.tensor(starts), right=True) - 1
             sums = torch.bincount(buckets, weights=loss, minlength=len(starts))
             counts = torch.bincount(buckets, minlength=len(starts))
             records += [

@@ -1,0 +1,80 @@
+"""The context-extension recipe end to end at toy size: scripts/context_extension.sh."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import CACHE_DIR, ROOT, compose
+from hydra.utils import instantiate
+
+from longctx.app import ConfigError, instantiate_config
+from longctx.model import RopeScaling
+
+ARMS = {
+    "unchanged": (10000.0, None),
+    "abf": (500000.0, None),
+    "linear": (10000.0, RopeScaling(type="linear", factor=8.0)),
+    "yarn": (10000.0, RopeScaling(type="yarn", factor=8.0, original_max_position=32)),
+}
+
+
+@pytest.mark.parametrize("arm", sorted(ARMS))
+def test_each_arm_sets_its_rope(arm, tmp_path):
+    overrides = ["experiment=context_extension", f"rope_arm={arm}", "stage1_seq_len=32"]
+    cfg = compose([*overrides, f"model.init_from={tmp_path}"], output_dir=tmp_path)
+    model = instantiate(cfg.model)
+    assert (model.rope_theta, model.rope_scaling) == ARMS[arm]
+    assert model.init_from == str(tmp_path)
+
+
+def test_stage_2_without_stage_1_is_refused(tmp_path):
+    cfg = compose(["experiment=context_extension"], output_dir=tmp_path)
+    with pytest.raises(ConfigError, match="model.init_from is not set. stage 2 starts from"):
+        instantiate_config("model", cfg.model)  # as train.py reads it
+
+
+@pytest.mark.slow
+def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
+    """Stage 1 (2 steps at 32 tokens), 4 arms of stage 2 (1 step at 256), the evaluation out to
+    4 x 256 with the passkey probe, the table and the figure."""
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+        "LONGCTX_CACHE": str(CACHE_DIR),
+        "SEQ1": "32",
+        "STEPS1": "2",
+        "STEPS2": "1",
+        "PROBE_SAMPLES": "1",
+        "FIGURE": str(tmp_path / "figure.png"),
+    }
+    runs = tmp_path / "runs"
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "context_extension.sh"), str(runs)],
+        env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    (sweep,) = (runs / "multirun" / "train").iterdir()
+    report = json.loads((sweep / "extension.json").read_text())
+    assert sorted(r["arm"] for r in report["arms"]) == sorted(ARMS)
+    for row in report["arms"]:
+        assert row["seq_len"] == 256
+        assert all(math.isfinite(row[f"loss_{m}x"]) for m in (1, 2, 4))
+        assert {k for k in row if k.startswith("passkey_")} == {
+            "passkey_256", "passkey_512", "passkey_1024"
+        }  # fmt: skip
+    assert (tmp_path / "figure.png").stat().st_size > 0
+    assert "| arm |" in proc.stdout
+    # every arm started from stage 1's weights, with its own RoPE
+    for folder in sweep.glob("*rope_arm=*"):
+        stored = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
+        model = stored["longctx_run"]["config"]["model"]
+        assert model["init_from"] == str(runs / "outputs" / "train" / "stage1")
+        arm = folder.name.split("rope_arm=")[1].split(",")[0]
+        assert model["rope_theta"] == ARMS[arm][0]
