@@ -10,7 +10,7 @@ from helpers import compose
 from omegaconf import open_dict
 from test_datamodule import module, small_corpus, take
 
-from longctx.app import ConfigError, preflight
+from longctx.app import ConfigError, pop_context_parallel, preflight
 from longctx.data import DataConfig, LongCtxDataModule, ShardSet
 from longctx.data.config import LengthUpsampling, Stage
 from longctx.data.streams import (
@@ -125,17 +125,20 @@ def preflight_of(overrides: list[str], tmp_path):
     from hydra.utils import instantiate
 
     with open_dict(cfg):
-        return preflight(cfg, instantiate(cfg.model), instantiate(cfg.data))
+        context_parallel, rounds = pop_context_parallel(cfg)
+        return preflight(
+            cfg, instantiate(cfg.model), instantiate(cfg.data), context_parallel, rounds
+        )
 
 
 def test_stage_lengths_are_checked_before_training(tmp_path):
     stage = "data.stages=[{until_step:2,seq_len:512,micro_batch_size:1}]"
-    with pytest.raises(ConfigError, match=r"data.stages\[0\].seq_len=512 exceeds the model's "
-                       r"RoPE range model.max_seq_len=256"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"data.stages\[0\].seq_len=512: L=512 > "
+                       r"max_seq_len=256, the RoPE range"):  # fmt: skip
         preflight_of([stage, "data.seq_len=256", "+model.max_seq_len=256"], tmp_path)
     odd = "data.stages=[{until_step:2,seq_len:102,micro_batch_size:1}]"
-    with pytest.raises(ConfigError, match=r"data.stages\[0\].seq_len=102 must be a multiple of "
-                       r"2 x trainer.context_parallel"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"trainer.context_parallel=2, "
+                       r"trainer.context_parallel_rounds=1, data.stages\[0\].seq_len=102: "):  # fmt: skip
         preflight_of([odd, "trainer.context_parallel=2", "trainer.devices=2"], tmp_path)
     preflight_of([stage, "data.seq_len=1024"], tmp_path)  # fits: no error
 
