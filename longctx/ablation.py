@@ -5,8 +5,14 @@ loss sums per (held-out document, in-document position bucket), the same documen
 Resampling documents (and, when the sweep has several seeds, seeds) gives
 
 - per arm: the token-weighted held-out loss with its 95% CI;
-- per pair of arms: the paired difference on the same documents, its CI and a verdict -- "differs"
-  when the CI excludes 0, else "within noise";
+- per pair of arms: the paired difference on the same documents, its CI and a verdict;
+- the training-noise floor: resampling documents says whether two *trained models* differ, not
+  whether two *arms* do. Training amplifies rounding: the two masked arms compute the same function
+  up to ~1e-6, agree bitwise for the first few dozen steps and then drift apart (a 300-step run ends
+  ~0.01 nats apart). So the masked pair is the sweep's control: the largest gap its CI allows is
+  the floor below which a difference between arms is indistinguishable from rounding noise.
+  Verdicts: "within noise" (the CI covers 0), "within training noise" (the CI reaches below the
+  floor), "differs" (beyond both);
 - per arm with several seeds: the seed-to-seed spread of the run losses;
 - per arm and position bucket: the loss with its CI (the bands of the per-position figure).
 
@@ -153,8 +159,34 @@ def interval(replicates: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def verdict(low: float, high: float) -> str:
-    return "within noise" if low <= 0 <= high else "differs"
+def verdict(low: float, high: float, floor: float | None = None) -> str:
+    """``floor``: the training-noise floor (see the module docstring), when the sweep has one."""
+    if low <= 0 <= high:
+        return "within noise"
+    if floor is not None and min(abs(low), abs(high)) <= floor:
+        return "within training noise"
+    return "differs"
+
+
+def rounding_control(arms: list[tuple]) -> tuple[tuple, tuple] | None:
+    """The two masked arms (reset and continuous positions, one packer): the same function up to
+    rounding with RoPE, so their gap measures how far training amplifies rounding."""
+    for packer in sorted({a[2] for a in arms}, key=str):
+        pair = ((True, True, packer), (False, True, packer))
+        if all(a in arms for a in pair):
+            return pair
+    return None
+
+
+def apply_training_noise(pairs: list[dict], control: tuple[str, str] | None) -> dict | None:
+    """Set each pair's verdict against the control pair's floor; the floor's description."""
+    if control is None:
+        return None
+    pair = next(p for p in pairs if {p["a"], p["b"]} == set(control))
+    floor = max(abs(pair["ci"][0]), abs(pair["ci"][1]))
+    for p in pairs:
+        p["verdict"] = "control" if p is pair else verdict(*p["ci"], floor)
+    return {"a": pair["a"], "b": pair["b"], "floor": floor}
 
 
 # ------------------------------------------------------------------------------ summary
@@ -183,6 +215,10 @@ def summarize(
         ],
         "control": names[arms[0]],
     }
+    control = rounding_control(arms)
+    summary["training_noise"] = apply_training_noise(
+        summary["pairs"], control and (names[control[0]], names[control[1]])
+    )
     versus_control = {p["a"]: p for p in summary["pairs"] if p["b"] == summary["control"]}
     for row in summary["arms"]:
         row["delta_vs_control"] = versus_control.get(row["arm"])
@@ -237,6 +273,7 @@ def format_summary(summary: dict) -> str:
         f"{summary['runs']} runs, {summary['documents']} held-out documents "
         f"({summary['target_tokens']:,} target tokens), {summary['bootstrap']['replicates']} "
         f"bootstrap replicates, {int(CONFIDENCE * 100)}% CIs; control: {summary['control']}",
+        _noise_line(summary["training_noise"]),
         "",
         "| arm | seeds | held-out loss [95% CI] | seed sd | Δ vs control [95% CI] | verdict |",
         "|---|---|---|---|---|---|",
@@ -259,6 +296,18 @@ def format_summary(summary: dict) -> str:
             f"| {pair['verdict']} |"
         )
     return "\n".join(lines)
+
+
+def _noise_line(noise: dict | None) -> str:
+    if noise is None:
+        return (
+            "no rounding control (both masked arms) in this sweep: the CIs cover document sampling "
+            "only, not training noise; add seeds (seed=0,1,...) before reading small gaps"
+        )
+    return (
+        f"training-noise floor {noise['floor']:.4f} nats: the largest gap the control pair "
+        f"({noise['a']} vs {noise['b']}: the same function up to rounding) allows"
+    )
 
 
 def _ci(ci: list[float]) -> str:

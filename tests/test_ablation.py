@@ -62,7 +62,8 @@ def test_identical_arms_are_within_noise_and_a_shift_is_detected(tmp_path):
     summary = S.summarize(tmp_path, n_boot=2000)
     pairs = {(p["a"], p["b"]): p for p in summary["pairs"]}
     same = pairs["masked, continuous pos", "masked, reset pos"]
-    assert same["ci"][0] < 0 < same["ci"][1] and same["verdict"] == "within noise"
+    assert same["ci"][0] < 0 < same["ci"][1] and same["verdict"] == "control"
+    assert summary["training_noise"]["floor"] == max(map(abs, same["ci"]))
     shifted = pairs["unmasked, continuous pos", "masked, reset pos"]
     assert shifted["verdict"] == "differs" and 0.09 < shifted["delta"] < 0.11
     assert shifted["ci"][0] > 0.05 and shifted["ci"][1] < 0.15
@@ -76,6 +77,37 @@ def test_identical_arms_are_within_noise_and_a_shift_is_detected(tmp_path):
     assert control["ci"][0] < control["loss"] < control["ci"][1]
     # the per-document spread (sd 0.5 over 64 documents) sets the arm CI's width, about +-0.12
     assert 0.15 < control["ci"][1] - control["ci"][0] < 0.35
+
+
+def test_the_control_pair_sets_a_training_noise_floor(tmp_path):
+    """Trained masked arms drift apart by rounding (here 0.02 nats on every document): a gap of
+    that size between other arms is training noise, a 0.1-nat gap is not."""
+    base = doc_losses(0)
+    write_arm(tmp_path, True, True, noisy(base, 1))
+    write_arm(tmp_path, False, True, noisy(base, 2) + 0.02)
+    write_arm(tmp_path, True, False, noisy(base, 3) + 0.015)
+    write_arm(tmp_path, False, False, noisy(base, 4) + 0.1)
+    summary = S.summarize(tmp_path, n_boot=2000)
+    pairs = {(p["a"], p["b"]): p for p in summary["pairs"]}
+    control = pairs["masked, continuous pos", "masked, reset pos"]
+    assert control["verdict"] == "control" and control["ci"][0] > 0  # beyond document noise
+    floor = summary["training_noise"]["floor"]
+    assert 0.02 < floor < 0.04
+    small = pairs["unmasked, reset pos", "masked, reset pos"]
+    assert small["ci"][0] > 0 and small["verdict"] == "within training noise"
+    assert pairs["unmasked, continuous pos", "masked, reset pos"]["verdict"] == "differs"
+    assert f"training-noise floor {floor:.4f} nats" in S.format_summary(summary)
+
+
+def test_a_sweep_without_the_control_pair_says_so(tmp_path):
+    base = doc_losses(0)
+    write_arm(tmp_path, False, True, noisy(base, 1), group="packing_ablation")
+    write_arm(tmp_path, False, True, noisy(base, 2) + 0.1, group="packing_ablation",
+              packer="concat_chunk")  # fmt: skip
+    summary = S.summarize(tmp_path, n_boot=500)
+    assert summary["training_noise"] is None
+    assert summary["pairs"][0]["verdict"] == "differs"
+    assert "no rounding control" in S.format_summary(summary)
 
 
 def test_paired_bootstrap_is_narrower_than_the_arms_own_cis(tmp_path):
