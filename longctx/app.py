@@ -346,7 +346,6 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
         compile=cfg.compile,
         peak_flops_per_device=cfg.get("peak_flops_per_device"),
-        pad_id=datamodule.pad_id,
         eos_id=datamodule.eos_id,
         context_parallel=context_parallel,
         context_parallel_rounds=context_parallel_rounds,
