@@ -213,6 +213,11 @@ class LongCtxModule(L.LightningModule):
         self._resumed_global_batch = GlobalBatch(**saved) if saved else None
 
     @property
+    def at_step_boundary(self) -> bool:
+        """No micro-batch of an optimizer step is pending: a checkpoint now loses nothing."""
+        return self._micro == 0
+
+    @property
     def data_parallel_size(self) -> int:
         return self.trainer.world_size // self.context_parallel
 
