@@ -196,7 +196,7 @@ def pop_context_parallel(cfg: DictConfig) -> tuple[int, int]:
 
 def check_init_from(model_config) -> None:
     """model.init_from names weights of this model's shapes (read later, by each rank)."""
-    if not isinstance(model_config, LlamaConfig) or not model_config.init_from:
+    if not model_config.init_from:
         return
     from longctx.model.init_from import resolve
 
