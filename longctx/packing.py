@@ -26,6 +26,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from longctx.batch import IGNORE_INDEX, PackedBatch, position_ids_for
 
@@ -410,20 +411,15 @@ def collate_rows(
     length = len(rows[0].tokens)
     for i, row in enumerate(rows):
         _check_row_arrays(row, i, length)
-    doc_lens = _pad_lengths([r.seq_lens for r in rows])
-    _check_row_lengths(doc_lens, rows, length)
+    doc_lens = pad_sequence(
+        [torch.as_tensor(r.seq_lens, dtype=torch.int32) for r in rows], batch_first=True
+    )
+    _check_row_lengths(doc_lens.numpy(), rows, length)
     tokens = torch.from_numpy(np.stack([r.tokens for r in rows]))
     labels = torch.from_numpy(np.stack([r.labels for r in rows]))
-    positions = position_ids_for(torch.from_numpy(doc_lens), length, reset_position_ids)
-    seq_lens = doc_lens if document_mask else np.full((len(rows), 1), length, dtype=np.int32)
-    return PackedBatch(tokens, labels, positions, torch.from_numpy(seq_lens))
-
-
-def _pad_lengths(seq_lens: Sequence[np.ndarray]) -> np.ndarray:
-    out = np.zeros((len(seq_lens), max(len(s) for s in seq_lens)), dtype=np.int32)
-    for i, lens in enumerate(seq_lens):
-        out[i, : len(lens)] = lens
-    return out
+    positions = position_ids_for(doc_lens, length, reset_position_ids)
+    seq_lens = doc_lens if document_mask else torch.full((len(rows), 1), length, dtype=torch.int32)
+    return PackedBatch(tokens, labels, positions, seq_lens)
 
 
 # --------------------------------------------------------------------------- checks
