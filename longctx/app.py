@@ -198,7 +198,7 @@ def check_init_from(model_config) -> None:
     """model.init_from names weights of this model's shapes (read later, by each rank)."""
     if not model_config.init_from:
         return
-    from longctx.model.init_from import resolve
+    from longctx.init_from import resolve
 
     try:
         source = resolve(model_config.init_from)

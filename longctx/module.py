@@ -169,7 +169,7 @@ class LongCtxModule(L.LightningModule):
             shard = getattr(self.trainer.strategy, "shard", None)
             shard(self.model) if shard else apply_fsdp(self.model, self._device_mesh)
         if any(p.is_meta for p in self.model.parameters()):  # model.init_from, not yet read
-            from longctx.model.init_from import load_init_weights
+            from longctx.init_from import load_init_weights
 
             load_init_weights(self.model, self.trainer.strategy.root_device)
 
