@@ -42,7 +42,7 @@ from longctx.distributed.slurm import (
 from longctx.loggers import make_loggers
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import get_backend, resolve_backend
-from longctx.model.context_parallel import check_context_parallel as split_context
+from longctx.model.context_parallel import check_context_parallel
 from longctx.run_folder import (
     RunFolderBusy,
     RunFolderLock,
@@ -166,13 +166,13 @@ def check_backend(
         raise ConfigError(f"model.attn_backend={name}, data.seq_len={seq_len}: {err}") from err
 
 
-def check_context_parallel(
+def preflight_context_parallel(
     trainer_cfg: DictConfig, model_config, seq_len: int, size: int, rounds: int
 ) -> None:
     """trainer.context_parallel (ranks that split each row) and trainer.context_parallel_rounds
     (head-tail rounds per row) can work with this world, sequence length and model."""
     try:
-        split_context(
+        check_context_parallel(
             size, rounds, seq_len=seq_len if size > 1 else None, world=world_size(trainer_cfg)
         )
     except ValueError as err:
@@ -251,7 +251,7 @@ def preflight(
     device = training_device(cfg.trainer)
     check_devices(cfg.trainer, device)
     check_topology(cfg.trainer)
-    check_context_parallel(cfg.trainer, model_config, seq_len, context_parallel, rounds)
+    preflight_context_parallel(cfg.trainer, model_config, seq_len, context_parallel, rounds)
     chunks = 2 * context_parallel * rounds if context_parallel > 1 else 1
     check_backend(model_config, seq_len, device, chunks)
     check_init_from(model_config)
