@@ -325,12 +325,9 @@ def ema(values: Sequence[float], smoothing: float) -> np.ndarray:
     """Debiased exponential moving average (W&B / TensorBoard style); smoothing in [0, 1)."""
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing={smoothing}; expected 0 <= smoothing < 1")
-    out, acc, weight = [], 0.0, 0.0
-    for v in values:
-        acc = smoothing * acc + (1 - smoothing) * v
-        weight = smoothing * weight + (1 - smoothing)
-        out.append(acc / weight)
-    return np.asarray(out)
+    # adjust=True is the debiasing: each value over the sum of the weights seen so far
+    series = pd.Series(values, dtype=float)
+    return series.ewm(alpha=1 - smoothing, adjust=True).mean().to_numpy()
 
 
 # --------------------------------------------------------------------------------- plots

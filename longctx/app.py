@@ -43,7 +43,7 @@ from longctx.distributed.slurm import (
 from longctx.loggers import make_loggers
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import get_backend, resolve_backend
-from longctx.model.context_parallel import check_context_parallel as split_context
+from longctx.model.context_parallel import check_context_parallel
 from longctx.run_folder import (
     RunFolderBusy,
     RunFolderLock,
@@ -172,7 +172,7 @@ def check_backend(
         raise ConfigError(f"model.attn_backend={name}, {setting}={seq_len}: {err}") from err
 
 
-def check_context_parallel(
+def preflight_context_parallel(
     trainer_cfg: DictConfig,
     model_config,
     seq_len: int,
@@ -184,7 +184,7 @@ def check_context_parallel(
     (head-tail rounds per row) can work with this world, sequence length (from ``setting``) and
     model."""
     try:
-        split_context(
+        check_context_parallel(
             size, rounds, seq_len=seq_len if size > 1 else None, world=world_size(trainer_cfg)
         )
     except ValueError as err:
@@ -210,9 +210,9 @@ def pop_context_parallel(cfg: DictConfig) -> tuple[int, int]:
 
 def check_init_from(model_config) -> None:
     """model.init_from names weights of this model's shapes (read later, by each rank)."""
-    if not isinstance(model_config, LlamaConfig) or not model_config.init_from:
+    if not model_config.init_from:
         return
-    from longctx.model.init_from import resolve
+    from longctx.init_from import resolve
 
     try:
         source = resolve(model_config.init_from)
@@ -276,7 +276,7 @@ def preflight(
     ]
     chunks = 2 * context_parallel * rounds if context_parallel > 1 else 1
     for setting, seq_len in [*stages, ("data.seq_len", data_config.seq_len)]:
-        check_context_parallel(
+        preflight_context_parallel(
             cfg.trainer, model_config, seq_len, context_parallel, rounds, setting
         )
         check_backend(model_config, seq_len, device, chunks, setting)
@@ -456,7 +456,6 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
         compile=cfg.compile,
         peak_flops_per_device=cfg.get("peak_flops_per_device"),
-        pad_id=datamodule.pad_id,
         eos_id=datamodule.eos_id,
         context_parallel=context_parallel,
         context_parallel_rounds=context_parallel_rounds,

@@ -15,6 +15,7 @@ from functools import cached_property
 import numpy as np
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 IGNORE_INDEX = -100
 # to_dense_mask() builds a [B, L, L] bool tensor: 64 MiB per row at 8192, 16 GiB at 131072.
@@ -257,8 +258,7 @@ def _with_remainder_segment(seq_lens: Tensor, tokens_shape: torch.Size) -> Tenso
         if sum(kept) > length:
             raise ValueError(f"seq_lens row {i} sums to {sum(kept)} > L={length}: {row}")
         rows.append(kept + [length - sum(kept)] if sum(kept) < length else kept)
-    width = max(len(r) for r in rows)
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+    return pad_sequence([torch.tensor(r, dtype=torch.int32) for r in rows], batch_first=True)
 
 
 def _check_tokens(name: str, t: Tensor) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
@@ -27,6 +28,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from longctx.distributed.slurm import PREEMPTED_MARKER, requeue_job, under_slurm
+
+if TYPE_CHECKING:
+    from longctx.module import LongCtxModule
 
 
 class SaveOnSignal(L.Callback):
@@ -67,8 +71,10 @@ class SaveOnSignal(L.Callback):
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
         self.received = signum
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if getattr(pl_module, "_micro", 0) != 0:  # mid-accumulation: wait for the step boundary
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: LongCtxModule, outputs, batch, batch_idx
+    ) -> None:
+        if not pl_module.at_step_boundary:  # mid-accumulation: wait for the step boundary
             return
         self._save_and_stop_if_signalled(trainer, "")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from longctx.data.tokenizer import ByteTokenizer
+from longctx.init_from import InitFromError, resolve
 from longctx.model import Llama, LlamaConfig
-from longctx.model.init_from import InitFromError, resolve
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 BYTE_SPECIALS = {ByteTokenizer.PAD: "<pad>", ByteTokenizer.BOS: "<s>", ByteTokenizer.EOS: "</s>"}

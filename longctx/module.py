@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
+from longctx.data.streams import StreamBatch
 from longctx.distributed.context import context_parallel_group
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
@@ -107,7 +108,6 @@ class LongCtxModule(L.LightningModule):
         accumulate_grad_batches: int = 1,
         compile: bool = False,
         peak_flops_per_device: float | None = None,
-        pad_id: int | None = None,
         eos_id: int | None = None,
         context_parallel: int = 1,
         context_parallel_rounds: int = 1,
@@ -130,7 +130,7 @@ class LongCtxModule(L.LightningModule):
         self.weight_decay, self.grad_clip = weight_decay, grad_clip
         self.accumulate_grad_batches = accumulate_grad_batches
         self.compile, self.peak_flops_per_device = compile, peak_flops_per_device
-        self.pad_id, self.eos_id = pad_id, eos_id
+        self.eos_id = eos_id
         self.context_parallel = context_parallel
         self.context_parallel_rounds = context_parallel_rounds
         self.cp_group = None  # set in setup() once the process group exists
@@ -169,7 +169,7 @@ class LongCtxModule(L.LightningModule):
             shard = getattr(self.trainer.strategy, "shard", None)
             shard(self.model) if shard else apply_fsdp(self.model, self._device_mesh)
         if any(p.is_meta for p in self.model.parameters()):  # model.init_from, not yet read
-            from longctx.model.init_from import load_init_weights
+            from longctx.init_from import load_init_weights
 
             load_init_weights(self.model, self.trainer.strategy.root_device)
 
@@ -211,6 +211,11 @@ class LongCtxModule(L.LightningModule):
             )
         saved = state["global_batch"]  # None: saved before the first step, nothing to keep
         self._resumed_global_batch = GlobalBatch(**saved) if saved else None
+
+    @property
+    def at_step_boundary(self) -> bool:
+        """No micro-batch of an optimizer step is pending: a checkpoint now loses nothing."""
+        return self._micro == 0
 
     @property
     def data_parallel_size(self) -> int:
@@ -313,15 +318,13 @@ class LongCtxModule(L.LightningModule):
             return strategy.block_backward_sync()
         return contextlib.nullcontext()
 
-    def _packing_stats(self, batch: PackedBatch) -> tuple[float, float]:
-        """(non-pad token fraction, documents per row), pad segments identified by pad_id."""
-        if self.pad_id is None:
-            return float("nan"), batch.num_segments / batch.shape[0]
-        is_pad = batch.tokens == self.pad_id
-        starts = batch.cu_seqlens[:-1].long()
-        pad_segments = int(is_pad.flatten()[starts].sum())
-        efficiency = 1.0 - float(is_pad.float().mean())
-        return efficiency, (batch.num_segments - pad_segments) / batch.shape[0]
+    @staticmethod
+    def _packing_stats(batch: PackedBatch) -> tuple[float, float]:
+        """(non-pad token fraction, documents per row) as the packer counted them; unknown
+        (NaN) for a batch that does not come from the train stream."""
+        if not isinstance(batch, StreamBatch):
+            return float("nan"), float("nan")
+        return batch.packing_efficiency, batch.docs_per_row
 
     def _log_step(self, loss: Tensor, grad_norm: Tensor, num_tokens: int, opt) -> None:
         elapsed = time.perf_counter() - self._step_start
@@ -333,12 +336,12 @@ class LongCtxModule(L.LightningModule):
             "train/grad_norm": float(grad_norm),
             "train/tokens_per_s": num_tokens / elapsed,
             "train/tokens_seen": float(self.tokens_seen),
-            "train/docs_per_row": docs_per_row,
             "train/stage": float(self._stage),
             "train/seq_len": float(self._seq_len),
         }
         if not math.isnan(efficiency):
             metrics["train/packing_efficiency"] = efficiency
+            metrics["train/docs_per_row"] = docs_per_row
         if self.peak_flops_per_device:
             metrics["train/mfu"] = self._flops / elapsed / self.peak_flops_per_device
         self.log_dict(metrics, prog_bar=False, batch_size=1, rank_zero_only=True)

@@ -26,8 +26,9 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
-from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.batch import IGNORE_INDEX, PackedBatch, position_ids_for
 
 PAD_DOC = -1  # the document index of a pad piece
 # A piece of a row: (document index, start offset in the document, length).
@@ -42,14 +43,23 @@ CARRY_PAD_FRACTION = 0.005
 class PackedRow:
     """One packed row of L tokens.
 
-    tokens    int64 [L]  input ids
-    labels    int64 [L]  shifted targets; -100 at every document's last token and on pad
-    seq_lens  int32 [S]  the row's segments in order (documents, fragments, a pad tail); sums to L
+    tokens      int64 [L]  input ids
+    labels      int64 [L]  shifted targets; -100 at every document's last token and on pad
+    seq_lens    int32 [S]  the row's segments in order (documents, fragments, a pad tail); sums to L
+    pad_tokens  int        the pad tail's length (0: no pad segment). Said by the packer, as
+                           neither tokens (pad may be EOS) nor labels (a 1-token document has
+                           no target either) tell pad apart.
     """
 
     tokens: np.ndarray
     labels: np.ndarray
     seq_lens: np.ndarray
+    pad_tokens: int = 0
+
+    @property
+    def documents(self) -> int:
+        """Document segments (whole documents or fragments): every segment but the pad tail."""
+        return len(self.seq_lens) - (self.pad_tokens > 0)
 
 
 @dataclasses.dataclass
@@ -263,7 +273,8 @@ def assemble_row(
         labels[position] = token
     for pad_start, pad_end in pads:
         labels[pad_start:pad_end] = IGNORE_INDEX
-    return PackedRow(tokens=tokens, labels=labels, seq_lens=seq_lens)
+    pad_tokens = sum(end - start for start, end in pads)
+    return PackedRow(tokens=tokens, labels=labels, seq_lens=seq_lens, pad_tokens=pad_tokens)
 
 
 # --------------------------------------------------------------------------- packers
@@ -400,35 +411,15 @@ def collate_rows(
     length = len(rows[0].tokens)
     for i, row in enumerate(rows):
         _check_row_arrays(row, i, length)
-    doc_lens = _pad_lengths([r.seq_lens for r in rows])
-    _check_row_lengths(doc_lens, rows, length)
+    doc_lens = pad_sequence(
+        [torch.as_tensor(r.seq_lens, dtype=torch.int32) for r in rows], batch_first=True
+    )
+    _check_row_lengths(doc_lens.numpy(), rows, length)
     tokens = torch.from_numpy(np.stack([r.tokens for r in rows]))
     labels = torch.from_numpy(np.stack([r.labels for r in rows]))
-    positions = torch.from_numpy(_position_ids(doc_lens, length, reset_position_ids))
-    seq_lens = doc_lens if document_mask else np.full((len(rows), 1), length, dtype=np.int32)
-    return PackedBatch(tokens, labels, positions, torch.from_numpy(seq_lens))
-
-
-def _position_ids(doc_lens: np.ndarray, length: int, reset: bool) -> np.ndarray:
-    """int64 [B, L]: restart at every document segment, or 0..L-1 along each row."""
-    counting = np.arange(length, dtype=np.int64)
-    if not reset:
-        return np.broadcast_to(counting, (doc_lens.shape[0], length)).copy()
-    # One slice copy of 0..n-1 per segment: cheaper than a cumulative sum over B*L tokens.
-    out = np.empty((doc_lens.shape[0], length), dtype=np.int64)
-    for row, lens in zip(out, doc_lens.tolist(), strict=True):
-        pos = 0
-        for n in lens:
-            row[pos : pos + n] = counting[:n]
-            pos += n
-    return out
-
-
-def _pad_lengths(seq_lens: Sequence[np.ndarray]) -> np.ndarray:
-    out = np.zeros((len(seq_lens), max(len(s) for s in seq_lens)), dtype=np.int32)
-    for i, lens in enumerate(seq_lens):
-        out[i, : len(lens)] = lens
-    return out
+    positions = position_ids_for(doc_lens, length, reset_position_ids)
+    seq_lens = doc_lens if document_mask else torch.full((len(rows), 1), length, dtype=torch.int32)
+    return PackedBatch(tokens, labels, positions, seq_lens)
 
 
 # --------------------------------------------------------------------------- checks

@@ -51,7 +51,7 @@ def count_reads() -> dict:
     """Count the elements init_from reads from safetensors (by wrapping its reader)."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
-    import longctx.model.init_from as init_from
+    import longctx.init_from as init_from
 
     read = {"elements": 0}
 

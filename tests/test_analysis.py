@@ -167,6 +167,18 @@ def test_wandb_api_empty_group_is_an_error():
 
 
 # --------------------------------------------------------------------------------- plots
+def test_ema_equals_the_debiased_recurrence():
+    """pandas ewm(adjust=True) is W&B's debiased EMA: the recurrence it replaced."""
+    values = np.random.default_rng(0).normal(3.0, 1.0, 50)
+    for smoothing in (0.0, 0.5, 0.9, 0.99):
+        acc, weight, expected = 0.0, 0.0, []
+        for v in values:
+            acc = smoothing * acc + (1 - smoothing) * v
+            weight = smoothing * weight + (1 - smoothing)
+            expected.append(acc / weight)
+        assert A.ema(values, smoothing) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
 def test_ema_is_debiased():
     assert A.ema([2.0, 2.0, 2.0], 0.9).tolist() == pytest.approx([2.0, 2.0, 2.0])
     assert A.ema([0.0, 1.0], 0.5).tolist() == pytest.approx([0.0, 0.5 / 0.75])

@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from longctx.app import ConfigError, check_backend, check_context_parallel, run
+from longctx.app import ConfigError, check_backend, preflight_context_parallel, run
 from longctx.batch import PackedBatch
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import attention, attention_over_row, build_attention_metadata
@@ -372,7 +372,7 @@ def test_bad_context_parallel_config_stops_before_training(overrides, message, t
 def test_context_parallel_refuses_models_and_flex_shapes_it_cannot_split():
     trainer = OmegaConf.create({"devices": 4, "num_nodes": 1})
     with pytest.raises(ConfigError, match="only longctx's Llama"):
-        check_context_parallel(trainer, lambda: None, 256, 2, 1)
+        preflight_context_parallel(trainer, lambda: None, 256, 2, 1)
     flex = tiny_config(attn_backend="flex", max_seq_len=512)
     cuda = torch.device("cuda")  # nothing runs on it
     with pytest.raises(ConfigError, match=r"L=256 to be a multiple of 4 chunk\(s\) x 128 = 512"):

@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 
 from longctx.data.tokenizer import ByteTokenizer
 from longctx.export import export, main
+from longctx.init_from import InitFromError
 from longctx.model import LlamaConfig
-from longctx.model.init_from import InitFromError
 from longctx.module import LongCtxModule
 
 # module_fixtures.SMALL with room for the byte tokenizer's 259 ids

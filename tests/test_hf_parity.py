@@ -138,6 +138,16 @@ def test_from_hf_overrides_config_fields(saved_hf):
         Llama.from_hf(path, hidden=3)
 
 
+def test_from_hf_overrides_follow_the_preset_rules(saved_hf):
+    """One override rule for presets and checkpoints: None keeps the checkpoint's value, a
+    rope_scaling dict is merged into the checkpoint's scaling."""
+    kind, _, path = saved_hf
+    config = Llama.from_hf(path, rope_theta=None, rope_scaling={"factor": 16.0}).config
+    assert config.rope_theta == 10000.0 and config.rope_scaling.factor == 16.0
+    original = 64 if kind == "llama3_tied" else RopeScaling().original_max_position
+    assert config.rope_scaling.original_max_position == original
+
+
 def test_from_hf_reads_transformers_4_style_rope_config(tmp_path):
     path = _saved(hf_model("llama3_tied"), tmp_path)
     hf = json.loads((path / "config.json").read_text())

@@ -14,8 +14,8 @@ import transformers
 from module_fixtures import SMALL, fit, random_batch, small_module
 
 from longctx.batch import PackedBatch
+from longctx.init_from import InitFromError, load_init_weights, resolve
 from longctx.model import Llama, LlamaConfig
-from longctx.model.init_from import InitFromError, load_init_weights, resolve
 
 # a transformers Llama with the shapes of module_fixtures.SMALL (the tiny preset's other fields)
 HF_SMALL = dict(

@@ -6,12 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_close_scaled
 from module_fixtures import cat_batches, fit, random_batch, small_module
 
-from longctx.module import param_groups, warmup_cosine_schedule
+from longctx.data.streams import StreamBatch
+from longctx.module import LongCtxModule, param_groups, warmup_cosine_schedule
+from longctx.packing import collate_rows, make_packer
 
 HERE = Path(__file__).parent
 
@@ -123,3 +126,21 @@ def test_compile_trains_like_eager_without_recompiling_for_new_layouts():
     with torch._dynamo.config.patch(error_on_recompile=True):
         fit(compiled, batches, max_steps=3)
     assert_params_close(params(compiled), params(eager), rel=2e-4)
+
+
+@pytest.mark.parametrize("packer_name", ["concat_chunk", "best_fit"])
+def test_packing_stats_are_the_packers_when_pad_is_eos(packer_name):
+    """Pad id = EOS (as many tokenizers have it), and a 1-token document that is only its EOS:
+    neither tokens nor labels tell pad apart, the packer's counts do."""
+    eos = 7
+    documents = [np.array(d + [eos]) for d in ([1, 2, 3], [], [4, 5], [], [6] * 9, [8])]
+    packer = make_packer(packer_name, 8, pad_id=eos, buffer_size=3)
+    rows = list(packer.pack(documents))
+    batch = StreamBatch.of_rows(
+        collate_rows(rows, reset_position_ids=True, document_mask=True), rows
+    )
+    assert int((batch.tokens == eos).sum()) > batch.pad_tokens > 0  # EOS tokens are not all pad
+    efficiency, docs_per_row = LongCtxModule._packing_stats(batch.to("cpu"))
+    assert efficiency == pytest.approx(packer.stats.efficiency)
+    assert docs_per_row == pytest.approx(packer.stats.docs_per_row)
+    assert efficiency == pytest.approx(sum(len(d) for d in documents) / batch.tokens.numel())

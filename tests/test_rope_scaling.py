@@ -14,6 +14,7 @@ from helpers import assert_close_scaled
 from longctx.batch import PackedBatch
 from longctx.hf.adapter import HFModelSpec
 from longctx.model import Llama, LlamaConfig, RopeScaling
+from longctx.model.config import PRESETS
 
 transformers = pytest.importorskip("transformers")
 
@@ -238,6 +239,14 @@ def test_composed_model_takes_rope_overrides(tmp_path):
     config = instantiate(cfg.model)
     assert config.rope_theta == 8e6 and config.rope_scaling.type == "linear"
     assert config.rope_scaling.factor == 2
+
+
+def test_default_model_keeps_the_presets_whole_row_loss_chunk(tmp_path):
+    from helpers import compose
+    from hydra.utils import instantiate
+
+    config = instantiate(compose([], output_dir=tmp_path).model)
+    assert config.loss_chunk_size == PRESETS["tiny"]["loss_chunk_size"] == 131072
 
 
 @pytest.mark.parametrize(

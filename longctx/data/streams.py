@@ -233,9 +233,36 @@ class BatchOrigin(NamedTuple):
 
 @dataclasses.dataclass
 class StreamBatch(PackedBatch):
-    """A train batch that knows its origin, which the resume bookkeeping (Progress) records."""
+    """A train batch that knows its origin, which the resume bookkeeping (Progress) records,
+    and how its rows were packed (pad and documents as the packer counted them)."""
 
     origin: BatchOrigin | None = None
+    pad_tokens: int = 0
+    documents: int = 0  # document segments: whole documents or fragments
+
+    @classmethod
+    def of_rows(
+        cls, batch: PackedBatch, rows: list[PackedRow], origin: BatchOrigin | None = None
+    ) -> StreamBatch:
+        """``batch`` (collated from ``rows``) with its origin and the rows' packing counts."""
+        return cls(
+            batch.tokens,
+            batch.labels,
+            batch.position_ids,
+            batch.seq_lens,
+            origin,
+            pad_tokens=sum(row.pad_tokens for row in rows),
+            documents=sum(row.documents for row in rows),
+        )
+
+    @property
+    def packing_efficiency(self) -> float:
+        """Fraction of the batch's tokens that are document tokens (not pad)."""
+        return 1.0 - self.pad_tokens / self.tokens.numel()
+
+    @property
+    def docs_per_row(self) -> float:
+        return self.documents / self.tokens.shape[0]
 
 
 # --------------------------------------------------------------------------- length upsampling
@@ -373,11 +400,9 @@ class TrainStream(IterableDataset):
                 )
             while stream.batch_index < index:  # batches of this stream other ranks/workers take
                 stream.next_rows()
-            batch = stream.collate(stream.next_rows())
+            rows = stream.next_rows()
             origin = BatchOrigin(first, self.world_size, k, stream.position())
-            yield StreamBatch(
-                batch.tokens, batch.labels, batch.position_ids, batch.seq_lens, origin
-            )
+            yield StreamBatch.of_rows(stream.collate(rows), rows, origin)
 
     def _open_stream(self, k: int, stage: int = 0) -> BatchStream:
         """Stream ``k`` in ``stage``, from its last known position, carried over the

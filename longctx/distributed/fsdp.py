@@ -1,8 +1,8 @@
 """FSDP2: ``fully_shard`` per transformer block, then the root, through Lightning's
 ModelParallelStrategy (which, unlike ``strategy='fsdp'``, also runs on CPU with gloo).
 
-:class:`FSDP2Strategy` carries the sharding settings (mixed precision, activation
-checkpointing, reshard-after-forward) so a Hydra trainer file can hold them; the
+:class:`FSDP2Strategy` carries the sharding settings (mixed precision,
+reshard-after-forward) so a Hydra trainer file can hold them; the
 LightningModule's ``configure_model`` calls :func:`apply_fsdp` with them. Checkpoints are
 distributed (a folder, one shard file per rank, loadable on another world size) and written
 atomically: into a temporary sibling folder first, then renamed into place.
@@ -51,11 +51,10 @@ def apply_fsdp(
     *,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = torch.float32,
-    activation_checkpointing: bool = False,
     reshard_after_forward: bool = True,
 ) -> nn.Module:
-    """Shard every transformer block, then the root, in place (parameter names unchanged)."""
-    from torch.distributed._composable import checkpoint as checkpoint_module
+    """Shard every transformer block, then the root, in place (parameter names unchanged).
+    Activation checkpointing is the model's (``model.activation_checkpointing``): one switch."""
     from torch.distributed.fsdp import (
         MixedPrecisionPolicy,
         fully_shard,
@@ -70,8 +69,6 @@ def apply_fsdp(
         mesh = mesh["data_parallel"]
     blocks = transformer_blocks(model)
     for i, block in enumerate(blocks):
-        if activation_checkpointing:
-            checkpoint_module(block)  # composable: no wrapper module, state-dict keys unchanged
         # the last block's parameters are needed at once by backward: keep them gathered
         last = i == len(blocks) - 1
         fully_shard(
@@ -101,7 +98,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         *,
         param_dtype: str | None = "auto",
         reduce_dtype: str | None = "float32",
-        activation_checkpointing: bool = False,
         reshard_after_forward: bool = True,
         data_parallel_size: int | str = "auto",
         tensor_parallel_size: int = 1,
@@ -116,7 +112,6 @@ class FSDP2Strategy(ModelParallelStrategy):
             parse_dtype(value, torch.device("cpu"), f"strategy.{what}")  # fail fast on a typo
         super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=1, **kwargs)
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
-        self.activation_checkpointing = activation_checkpointing
         self.reshard_after_forward = reshard_after_forward
 
     def setup_environment(self) -> None:
@@ -131,7 +126,6 @@ class FSDP2Strategy(ModelParallelStrategy):
             self.device_mesh,
             param_dtype=parse_dtype(self.param_dtype, device, "strategy.param_dtype"),
             reduce_dtype=parse_dtype(self.reduce_dtype, device, "strategy.reduce_dtype"),
-            activation_checkpointing=self.activation_checkpointing,
             reshard_after_forward=self.reshard_after_forward,
         )
 

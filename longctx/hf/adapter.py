@@ -370,6 +370,11 @@ class HFModelSpec:
         return load_hf_config(self.path, **self.config_overrides)
 
     @property
+    def init_from(self) -> None:
+        """The weights are ``path``'s: there is no other checkpoint to start from."""
+        return None
+
+    @property
     def vocab_size(self) -> int:
         return self.hf_config.get_text_config().vocab_size
 

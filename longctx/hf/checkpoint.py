@@ -51,7 +51,8 @@ def to_hf_name(name: str) -> str:
 
 # --------------------------------------------------------------------------- config
 def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
-    """LlamaConfig from a parsed HF config.json; ``overrides`` are LlamaConfig fields."""
+    """LlamaConfig from a parsed HF config.json; ``overrides`` are LlamaConfig fields
+    (:meth:`LlamaConfig.from_fields`)."""
     _check_supported(hf)
     theta, scaling = _rope_from_hf(hf)
     fields = dict(
@@ -67,11 +68,7 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
         max_seq_len=hf.get("max_position_embeddings", 2048),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
     )
-    known = {f for f in LlamaConfig.__dataclass_fields__}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(f"unknown LlamaConfig overrides {unknown}; fields are {sorted(known)}")
-    return LlamaConfig(**{**fields, **overrides})
+    return LlamaConfig.from_fields(fields, **overrides)
 
 
 def _check_supported(hf: dict[str, Any]) -> None:

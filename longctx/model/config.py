@@ -30,7 +30,7 @@ class LlamaConfig:
     loss_chunk_size: int = 4096  # tokens per chunk of the chunked cross-entropy
     init_std: float = 0.02
     # weights to start from (a new stage: fresh optimizer, schedule and data position): a
-    # transformers folder, or a longctx checkpoint / run folder (longctx.model.init_from)
+    # transformers folder, or a longctx checkpoint / run folder (longctx.init_from)
     init_from: str | None = None
 
     def __post_init__(self) -> None:
@@ -91,26 +91,32 @@ class LlamaConfig:
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> LlamaConfig:
-        """A named preset ("tiny", "llama3_1b", "llama3_8b") with field overrides.
-
-        An override of None keeps the preset's value (Hydra's yaml spells "not overridden" so);
-        a ``rope_scaling`` dict is merged into the preset's (``{"factor": 16}`` keeps its type
-        and original length).
-        """
+        """A named preset ("tiny", "llama3_1b", "llama3_8b") with field overrides (see
+        :meth:`from_fields`)."""
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
+        return cls.from_fields(PRESETS[name], **overrides)
+
+    @classmethod
+    def from_fields(cls, base: dict[str, Any], **overrides: Any) -> LlamaConfig:
+        """``base`` (a preset, a checkpoint's config) with field overrides.
+
+        An override of None keeps the base value (Hydra's yaml spells "not overridden" so);
+        a ``rope_scaling`` dict is merged into the base's (``{"factor": 16}`` keeps its type
+        and original length).
+        """
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - fields)
         if unknown:
             raise ValueError(
                 f"unknown LlamaConfig overrides {unknown}; fields are {sorted(fields)}"
             )
-        merged = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
+        merged = {**base, **{k: v for k, v in overrides.items() if v is not None}}
         if isinstance(overrides.get("rope_scaling"), dict):
-            merged["rope_scaling"] = {
-                **(PRESETS[name].get("rope_scaling") or {}),
-                **overrides["rope_scaling"],
-            }
+            scaling = base.get("rope_scaling") or {}
+            if dataclasses.is_dataclass(scaling):
+                scaling = dataclasses.asdict(scaling)
+            merged["rope_scaling"] = {**scaling, **overrides["rope_scaling"]}
         return cls(**merged)
 
 

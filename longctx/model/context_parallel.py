@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from longctx.batch import PackedBatch, check_dense_mask_len
@@ -94,9 +95,8 @@ def context_shard(
     chunks = [(g * c, (g + 1) * c) for g in context_chunks(rank, size, rounds)]
     local_idx = torch.cat([torch.arange(lo, hi) for lo, hi in chunks])
     pieces = [_chunk_pieces(row[row > 0], chunks) for row in batch.seq_lens.cpu().numpy()]
-    width = max(len(lens) for lens, _ in pieces)
     lens, prefixes = (
-        torch.tensor([p[i] + [0] * (width - len(p[i])) for p in pieces], dtype=torch.int32)
+        pad_sequence([torch.tensor(p[i], dtype=torch.int32) for p in pieces], batch_first=True)
         for i in (0, 1)
     )
     device = batch.tokens.device
