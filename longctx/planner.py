@@ -8,8 +8,10 @@ each derived from what the code keeps, not from a rule of thumb:
 - saved activations: what autograd keeps per transformer block (counted tensor by tensor in
   :func:`layer_activation_bytes`, checked against autograd's saved tensors in the tests);
   with activation checkpointing only each block's input, plus one block recomputed in backward;
-- the backward working set of one block, the chunked loss's logits buffers, eager's dense mask,
-  context parallelism's gathered K/V, FSDP2's gathered parameters, autocast's bf16 weights;
+- the working sets of one block's feed-forward and attention backward, the chunked loss's
+  logits buffers, eager's dense mask, context parallelism's K/V gradient and kept key spans,
+  FSDP2's gathered parameters, autocast's bf16 weights; each transient term is alive in some
+  of backward's phases (loss, then per block feed-forward and attention), which do not overlap;
 - a runtime baseline: on CPU the measured RSS of this process (Python, torch and the app's
   imports); on a GPU a stated allowance for the CUDA context and NCCL buffers.
 
@@ -211,7 +213,7 @@ def activation_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
         held = Term(
             f"activations ({c.n_layers} block inputs, checkpointed)", c.n_layers * block_input
         )
-        block, attention_half = "block recomputed in backward", layer - ffn_half - block_input
+        block, attention_half = "recomputed block", layer - ffn_half - block_input
         ffn_phases, attention_phases = (FFN_PHASE,), BLOCK_PHASES
     else:
         held = Term(f"activations ({c.n_layers - 1} other blocks saved)", (c.n_layers - 1) * layer)
@@ -220,10 +222,8 @@ def activation_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
     rope_and_ids = tokens * (c.head_dim * 4 + 8 * 3)  # fp32 cos and sin; int64 ids
     return [
         held,
-        Term(
-            f"activations of the {block}: attention half", attention_half, phases=attention_phases
-        ),
-        Term(f"activations of the {block}: feed-forward half", ffn_half, phases=ffn_phases),
+        Term(f"activations: {block}, attention half", attention_half, phases=attention_phases),
+        Term(f"activations: {block}, feed-forward half", ffn_half, phases=ffn_phases),
         Term("RoPE tables and ids", rope_and_ids, "shared by every block"),
         # the last block's output and the final norm's: freed once the loss's backward is done
         Term("final norm input and output", 2 * block_input, phases=(LOSS_PHASE,)),
@@ -538,7 +538,8 @@ def format_plan(plan: Plan) -> str:
         f"{lay.tokens_per_rank:,} tokens per rank",
     ]
     lines += [
-        f"  {t.name:<52} {t.bytes / GIB:>10.3f} GiB  {t.note}{phases_note(t)}" for t in plan.terms
+        f"  {t.name:<52} {t.bytes / GIB:>10.3f} GiB  {' '.join(filter(None, (t.note, phases_note(t))))}"
+        for t in plan.terms
     ]
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     lines.append(
@@ -568,7 +569,7 @@ def format_plan(plan: Plan) -> str:
 
 
 def phases_note(term: Term) -> str:
-    return f" [{' / '.join(term.phases)} backward only]" if term.phases else ""
+    return f"[{' / '.join(term.phases)} backward only]" if term.phases else ""
 
 
 def plan_dict(plan: Plan) -> dict:
