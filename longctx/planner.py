@@ -8,8 +8,10 @@ each derived from what the code keeps, not from a rule of thumb:
 - saved activations: what autograd keeps per transformer block (counted tensor by tensor in
   :func:`layer_activation_bytes`, checked against autograd's saved tensors in the tests);
   with activation checkpointing only each block's input, plus one block recomputed in backward;
-- the backward working set of one block, the chunked loss's logits buffers, eager's dense mask,
-  context parallelism's gathered K/V, FSDP2's gathered parameters, autocast's bf16 weights;
+- the working sets of one block's feed-forward and attention backward, the chunked loss's
+  logits buffers, eager's dense mask, context parallelism's K/V gradient and kept key spans,
+  FSDP2's gathered parameters, autocast's bf16 weights; each transient term is alive in some
+  of backward's phases (loss, then per block feed-forward and attention), which do not overlap;
 - a runtime baseline: on CPU the measured RSS of this process (Python, torch and the app's
   imports); on a GPU a stated allowance for the CUDA context and NCCL buffers.
 
@@ -103,8 +105,10 @@ class Layout:
         return 4 if self.precision == "fp32" else 2
 
 
-# Transient terms belong to one phase of backward; the phases do not overlap in time.
-LOSS_PHASE, BLOCK_PHASE = "loss backward", "block backward"
+# Backward runs through phases that do not overlap in time: the chunked loss, then block by block
+# the feed-forward's backward, then the attention's. A transient term is alive in some of them.
+LOSS_PHASE, FFN_PHASE, ATTENTION_PHASE = "loss", "feed-forward", "attention"
+BLOCK_PHASES = (FFN_PHASE, ATTENTION_PHASE)
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class Term:
     name: str
     bytes: int
     note: str = ""
-    phase: str = ""  # "" = held throughout the step's peak; else alive only in that phase
+    phases: tuple[str, ...] = ()  # () = held throughout backward; else alive only in these
 
 
 @dataclass(frozen=True)
@@ -144,10 +148,10 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
-        """Held terms plus the larger of the phases' transient terms: the peak."""
-        held = sum(t.bytes for t in self.terms if not t.phase)
-        phases = {t.phase for t in self.terms if t.phase}
-        peaks = [sum(t.bytes for t in self.terms if t.phase == p) for p in phases]
+        """Held terms plus the largest phase's transient terms: the peak."""
+        held = sum(t.bytes for t in self.terms if not t.phases)
+        phases = {p for t in self.terms for p in t.phases}
+        peaks = [sum(t.bytes for t in self.terms if p in t.phases) for p in phases]
         return held + max(peaks, default=0)
 
     @property
@@ -185,37 +189,68 @@ def layer_activation_bytes(config: LlamaConfig, layout: Layout, tokens: int) -> 
     return total
 
 
+def ffn_activation_bytes(config: LlamaConfig, layout: Layout, tokens: int) -> int:
+    """The feed-forward half of :func:`layer_activation_bytes`: its norm's input and 1/rms,
+    w1's and w3's input (one copy per linear under autocast) and SwiGLU's four [ffn_dim]
+    tensors. Its backward frees them before the attention's backward begins."""
+    c, k = config, layout.compute_bytes
+    linear_inputs = 2 if layout.precision == "bf16-mixed" else 1
+    per_token = c.dim * layout.residual_bytes + 4 + linear_inputs * c.dim * k + 4 * c.ffn_dim * k
+    return tokens * per_token
+
+
 def activation_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
-    tokens = layout.tokens_per_rank
+    """Saved activations. The block being backpropagated is its own pair of terms: its
+    feed-forward half is freed before its attention's backward runs. Without checkpointing
+    every block is saved through the loss's backward; with it, only the block inputs are, and
+    the block recomputed in backward saves its attention norm's input no second time (it is
+    the checkpointed input)."""
+    c, tokens = config, layout.tokens_per_rank
     layer = layer_activation_bytes(config, layout, tokens)
-    shared = tokens * (
-        2 * config.dim * layout.residual_bytes  # final norm input and output
-        + config.head_dim * 4  # cos and sin, fp32, shared by every block
-        + 8 * 3  # tokens, labels, position ids (int64)
-    )
-    if not layout.activation_checkpointing:
-        return [
-            Term(f"activations ({config.n_layers} blocks saved)", config.n_layers * layer),
-            Term("activations outside the blocks", shared, "final norm, RoPE tables, ids"),
-        ]
-    block_inputs = config.n_layers * tokens * config.dim * layout.residual_bytes
+    ffn_half = ffn_activation_bytes(config, layout, tokens)
+    block_input = tokens * c.dim * layout.residual_bytes
+    if layout.activation_checkpointing:
+        held = Term(
+            f"activations ({c.n_layers} block inputs, checkpointed)", c.n_layers * block_input
+        )
+        block, attention_half = "recomputed block", layer - ffn_half - block_input
+        ffn_phases, attention_phases = (FFN_PHASE,), BLOCK_PHASES
+    else:
+        held = Term(f"activations ({c.n_layers - 1} other blocks saved)", (c.n_layers - 1) * layer)
+        block, attention_half = "block in backward", layer - ffn_half
+        ffn_phases, attention_phases = (LOSS_PHASE, FFN_PHASE), (LOSS_PHASE, *BLOCK_PHASES)
+    rope_and_ids = tokens * (c.head_dim * 4 + 8 * 3)  # fp32 cos and sin; int64 ids
     return [
-        Term(f"activations ({config.n_layers} block inputs, checkpointed)", block_inputs),
-        Term("activations of the block recomputed in backward", layer, phase=BLOCK_PHASE),
-        Term("activations outside the blocks", shared, "final norm, RoPE tables, ids"),
+        held,
+        Term(f"activations: {block}, attention half", attention_half, phases=attention_phases),
+        Term(f"activations: {block}, feed-forward half", ffn_half, phases=ffn_phases),
+        Term("RoPE tables and ids", rope_and_ids, "shared by every block"),
+        # the last block's output and the final norm's: freed once the loss's backward is done
+        Term("final norm input and output", 2 * block_input, phases=(LOSS_PHASE,)),
     ]
 
 
-def backward_working_bytes(config: LlamaConfig, layout: Layout) -> int:
-    """Gradients alive at once inside one block's backward, beyond its saved tensors: at the
-    SwiGLU product's backward, the gradients of silu's and of w3's outputs ([ffn_dim] each;
+def ffn_working_bytes(config: LlamaConfig, layout: Layout) -> int:
+    """Gradients alive at once in the feed-forward's backward, beyond its saved tensors: at
+    the SwiGLU product's backward, the gradients of silu's and of w3's outputs ([ffn_dim] each;
     the product's own gradient and saved tensors are freed as they are consumed), and the
     residual stream's gradient with the branch's ([dim] each)."""
-    tokens, k = layout.tokens_per_rank, layout.compute_bytes
+    k = layout.compute_bytes
     per_token = 2 * config.ffn_dim * k + 2 * config.dim * layout.residual_bytes
+    return layout.tokens_per_rank * per_token
+
+
+def attention_working_bytes(config: LlamaConfig, layout: Layout) -> int:
+    """Gradients alive at once in the attention kernel's backward: of its output and q
+    ([n_heads x head_dim] each), of the local k and v, and the residual stream's and the
+    branch's ([dim] each); eager adds the probabilities' and the scores' gradients."""
+    c, tokens, k = config, layout.tokens_per_rank, layout.compute_bytes
+    per_token = (
+        2 * c.n_heads + 2 * c.n_kv_heads
+    ) * c.head_dim * k + 2 * c.dim * layout.residual_bytes
     total = tokens * per_token
-    if layout.attn_backend == "eager":  # gradients of the probabilities and of the scores
-        total += 2 * config.n_heads * tokens * layout.seq_len * 4
+    if layout.attn_backend == "eager":
+        total += 2 * c.n_heads * tokens * layout.seq_len * 4
     return total
 
 
@@ -228,10 +263,14 @@ def loss_bytes(config: LlamaConfig, layout: Layout) -> int:
 
 
 def gathered_kv_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
-    """Context parallelism: the whole rows' K and V of one block and their gradient (in a
-    block's backward; its forward holds one of the two), and, kept per block for backward, the
-    key spans the local queries need: all of the row for flex and eager; for sdpa/flash the
-    documents that cross into this rank's 2 x rounds chunks."""
+    """Context parallelism: the gradient of the whole rows' K and V of one block, and, kept per
+    block for backward, the key spans the local queries need: all of the row for flex and
+    eager; for sdpa/flash the documents that cross into this rank's 2 x rounds chunks.
+
+    The gathered rows themselves are not saved (the all-gather and the span selection keep no
+    input for backward): they live inside the attention's forward. Their gradient is built in
+    the attention's backward (the span selection's backward scatters into a whole row) and
+    reduce-scattered there, after the feed-forward's backward has freed its tensors."""
     if layout.context_parallel == 1:
         return []
     c = config
@@ -242,12 +281,11 @@ def gathered_kv_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
     else:
         spans = 2 * layout.context_parallel_rounds * size_biased_mean(layout)
         kept_fraction = min(1.0, spans / layout.seq_len)
-    blocks_kept = 1 if layout.activation_checkpointing else c.n_layers
-    kept = int(row_kv * kept_fraction) * blocks_kept
-    return [
-        Term("gathered K/V and its gradient (one block)", 2 * row_kv, phase=BLOCK_PHASE),
-        Term("kept K/V spans (context parallel)", kept, f"{blocks_kept} block(s)"),
-    ]
+    kept = int(row_kv * kept_fraction)
+    gradient = Term("gathered K/V's gradient (one block)", row_kv, phases=(ATTENTION_PHASE,))
+    if layout.activation_checkpointing:  # the recomputed block's
+        return [gradient, Term("kept K/V spans (context parallel)", kept, phases=BLOCK_PHASES)]
+    return [gradient, Term("kept K/V spans (context parallel)", kept * c.n_layers)]
 
 
 def size_biased_mean(layout: Layout) -> float:
@@ -299,15 +337,25 @@ def root_params(config: LlamaConfig) -> int:
 
 def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Term]:
     terms = parameter_terms(config, layout) + activation_terms(config, layout)
-    working = backward_working_bytes(config, layout)
-    terms.append(Term("backward working set (one block)", working, phase=BLOCK_PHASE))
+    terms += [
+        Term(
+            "feed-forward backward working set",
+            ffn_working_bytes(config, layout),
+            phases=(FFN_PHASE,),
+        ),
+        Term(
+            "attention backward working set",
+            attention_working_bytes(config, layout),
+            phases=(ATTENTION_PHASE,),
+        ),
+    ]
     chunk = min(layout.tokens_per_rank, config.loss_chunk_size)
     terms.append(
         Term(
             "chunked loss buffers",
             loss_bytes(config, layout),
             f"{chunk}-token chunk x vocab",
-            phase=LOSS_PHASE,
+            phases=(LOSS_PHASE,),
         )
     )
     if layout.attn_backend == "eager":
@@ -490,12 +538,12 @@ def format_plan(plan: Plan) -> str:
         f"{lay.tokens_per_rank:,} tokens per rank",
     ]
     lines += [
-        f"  {t.name:<52} {t.bytes / GIB:>10.3f} GiB  {t.note}{f' [{t.phase} only]' if t.phase else ''}"
+        f"  {t.name:<52} {t.bytes / GIB:>10.3f} GiB  {' '.join(filter(None, (t.note, phases_note(t))))}"
         for t in plan.terms
     ]
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     lines.append(
-        f"  {'peak: held + the larger backward phase':<52} {plan.total_bytes / GIB:>10.3f} GiB  of {dev.memory_bytes / GIB:,.1f} "
+        f"  {'peak: held + the largest backward phase':<52} {plan.total_bytes / GIB:>10.3f} GiB  of {dev.memory_bytes / GIB:,.1f} "
         f"GiB: {verdict}; largest term: {plan.largest.name}"
     )
     per_layer = ", ".join(f"{k} {v / GIB:.3f} GiB" for k, v in plan.activations_per_layer.items())
@@ -518,6 +566,10 @@ def format_plan(plan: Plan) -> str:
         ]
     lines += [f"  {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def phases_note(term: Term) -> str:
+    return f"[{' / '.join(term.phases)} backward only]" if term.phases else ""
 
 
 def plan_dict(plan: Plan) -> dict:

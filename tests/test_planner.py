@@ -12,7 +12,7 @@ from longctx import planner
 from longctx.app import ConfigError, run
 from longctx.batch import PackedBatch
 from longctx.model import Llama, LlamaConfig
-from longctx.model.attention import build_attention_metadata
+from longctx.model.attention import attention_over_row, build_attention_metadata
 from longctx.planner import Layout, PlanError
 
 TINY = LlamaConfig.from_name("tiny", attn_backend="sdpa", loss_chunk_size=4096)
@@ -26,9 +26,12 @@ def term(plan: planner.Plan, prefix: str) -> int:
     return found
 
 
-def saved_bytes_of_one_block(config: LlamaConfig, length: int, autocast: bool) -> int:
-    """Bytes of the distinct tensors autograd saves in one block's forward (weights and the
-    RoPE tables, which every block shares, left out)."""
+def saved_by_one_block(
+    config: LlamaConfig, length: int, autocast: bool, ffn_half_only: bool = False
+) -> tuple[dict[int, int], int]:
+    """{storage: bytes} of the distinct tensors autograd saves in one block's forward (weights
+    and the RoPE tables, which every block shares, left out), or in its feed-forward half
+    only; and the storage of the block's input."""
     torch.manual_seed(0)
     model = Llama(config)
     batch = PackedBatch.from_lengths(
@@ -50,22 +53,65 @@ def saved_bytes_of_one_block(config: LlamaConfig, length: int, autocast: bool) -
             saved[storage.data_ptr()] = storage.nbytes()
         return t
 
+    block = model.layers[0]
     with (
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
     ):
-        model.layers[0](h, cos, sin, meta)
-    return sum(saved.values())
+        if ffn_half_only:  # the residual add around it saves nothing
+            block.feed_forward(block.ffn_norm(h))
+        else:
+            block(h, cos, sin, meta)
+    return saved, h.untyped_storage().data_ptr()
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
 def test_block_activations_are_what_autograd_saves(precision):
     length = 384  # no activation shares a weight's shape
-    measured = saved_bytes_of_one_block(TINY, length, autocast=precision == "bf16-mixed")
+    autocast = precision == "bf16-mixed"
+    saved, block_input = saved_by_one_block(TINY, length, autocast)
+    measured = sum(saved.values())
     layout = Layout(seq_len=length, precision=precision)
     predicted = planner.layer_activation_bytes(TINY, layout, length)
     # the per-bucket logsumexp of the three documents is padded to their bucket: a few bytes
     assert abs(predicted - measured) <= 0.01 * measured, (predicted, measured)
+    # what checkpointing keeps of a block is among what the block saves: counted once
+    assert block_input in saved
+
+    ffn_saved, _ = saved_by_one_block(TINY, length, autocast, ffn_half_only=True)
+    ffn_predicted = planner.ffn_activation_bytes(TINY, layout, length)
+    assert ffn_predicted == sum(ffn_saved.values())
+
+
+def test_context_parallel_attention_saves_no_gathered_row():
+    """The plan counts the gathered K/V's gradient, in the attention's backward, and no
+    gathered K/V kept for it: the rows are read, never saved."""
+    lengths = [700, 100, 224]  # the 700-token document crosses into rank 1's chunks
+    batch = PackedBatch.from_lengths(
+        torch.randint(0, 512, (1, 1024)), [lengths], reset_position_ids=True
+    )
+    shard = batch.context_shard(1, 2, group="simulated")
+    meta = build_attention_metadata(shard, "sdpa")
+    q = torch.randn(1, 1024, 4, 64, requires_grad=True)
+    k_row, v_row = (torch.randn(1, 1024, 2, 64, requires_grad=True) for _ in range(2))
+    idx = shard.global_index
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = attention_over_row(q[:, idx], k_row[:, idx], v_row[:, idx], k_row, v_row, meta)
+    assert k_row.untyped_storage().data_ptr() not in saved
+    assert v_row.untyped_storage().data_ptr() not in saved
+    out.sum().backward()
+    assert k_row.grad.shape == k_row.shape  # the gradient is a whole row's
+
+    layout = Layout(seq_len=1024, devices=2, context_parallel=2, doc_lengths=tuple(lengths))
+    plan = planner.plan(TINY, dataclasses.replace(layout, activation_checkpointing=True), CPU)
+    (gradient,) = [t for t in plan.terms if t.name.startswith("gathered K/V")]
+    assert gradient.bytes == 2 * 1024 * 2 * 64 * 4 and gradient.phases == (planner.ATTENTION_PHASE,)
 
 
 def test_a_hand_computed_plan():
@@ -78,8 +124,14 @@ def test_a_hand_computed_plan():
     # q, k, v, out (256 + 128 + 128 + 256) + 4 heads' logsumexp + 4 SwiGLU tensors (768)
     per_token = 4 * (2 * 256) + 8 + 4 * (3 * 256) + 4 * 768 + 16 + 4 * (4 * 768)
     assert per_token == 20504
-    assert term(plan, "activations (4 blocks saved)") == 4 * 4096 * per_token
+    assert term(plan, "activations (3 other blocks saved)") == 3 * 4096 * per_token
     assert term(plan, "chunked loss buffers") == 4096 * 512 * 12
+    # the peak: held terms (3 other blocks, RoPE tables and ids) and the feed-forward's
+    # backward: the block in backward, the gradients of silu's and w3's outputs (768) and of
+    # the residual and the branch (256)
+    held = 16 * params + 3 * 4096 * per_token + 4096 * (64 * 4 + 3 * 8) + CPU.baseline_bytes
+    ffn_backward = 4096 * (per_token + 4 * (2 * 768 + 2 * 256))
+    assert plan.total_bytes == held + ffn_backward
     assert plan.fits and plan.step is None
 
 
@@ -87,7 +139,7 @@ def test_terms_scale_as_they_must():
     base = Layout(seq_len=4096)
     one = planner.plan(TINY, base, CPU)
     double = planner.plan(TINY, dataclasses.replace(base, seq_len=8192), CPU)
-    saved = "activations (4 blocks saved)"
+    saved = "activations (3 other blocks saved)"
     assert term(double, saved) == 2 * term(one, saved)  # sdpa: linear in L
 
     for n in (1024, 2048):  # eager: + fp32 [H, L, L] probabilities and K, V repeated per head
