@@ -6,6 +6,7 @@ allocated or prepared), instantiates typed objects, and gives them to Lightning.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import shutil
@@ -323,7 +324,6 @@ def dry_run_report(model_config: LlamaConfig, cfg: DictConfig, device: torch.dev
 
 def planner_layout(cfg: DictConfig, model_config: LlamaConfig, device: torch.device):
     """The run's layout as the planner sees it (worst case: one document per row)."""
-    strategy = cfg.trainer.get("strategy") or {}
     fsdp = sharded_strategy(cfg.trainer)
     devices = cfg.trainer.get("devices", 1)
     return planner.Layout(
@@ -335,8 +335,7 @@ def planner_layout(cfg: DictConfig, model_config: LlamaConfig, device: torch.dev
         context_parallel_rounds=cfg.trainer.get("context_parallel_rounds", 1),
         fsdp=fsdp,
         precision=planner_precision(cfg.trainer, fsdp, device),
-        activation_checkpointing=model_config.activation_checkpointing
-        or bool(strategy.get("activation_checkpointing", False)),
+        activation_checkpointing=model_config.activation_checkpointing,
         attn_backend=resolve_backend(model_config.attn_backend, device),
         accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
         max_steps=cfg.trainer.max_steps,
@@ -422,10 +421,11 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
 
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
+    composed = copy.deepcopy(cfg)  # the planner reads longctx's own trainer keys, popped here
     context_parallel, context_parallel_rounds = pop_context_parallel(cfg)
     device = preflight(cfg, model_config, data_config, context_parallel, context_parallel_rounds)
     if cfg.dry_run:
-        return dry_run_report(model_config, cfg, device)
+        return dry_run_report(model_config, composed, device)
     identity = run_identity(model_config, data_config)
     resume = resume_point(cfg, output_dir, identity, holds_folder)
     if holds_folder:
