@@ -65,6 +65,7 @@ def rank_worker(
 
     from longctx.cpu_memory import retain_freed_memory
     from longctx.model import Llama
+    from longctx.model.context_parallel import context_shard
 
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_step import make_batch
@@ -78,7 +79,7 @@ def rank_worker(
     torch.manual_seed(0)
     model = Llama(tiny_config(checkpointing)).to(device)
     batch = make_batch(length, seed=0)
-    shard = batch.context_shard(rank, size, group) if size > 1 else batch
+    shard = context_shard(batch, rank, size, group) if size > 1 else batch
     shard = shard.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if device == "cuda":

@@ -13,6 +13,7 @@ from longctx.app import ConfigError, run
 from longctx.batch import PackedBatch
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import attention_over_row, build_attention_metadata
+from longctx.model.context_parallel import context_shard
 from longctx.planner import Layout, PlanError
 
 TINY = LlamaConfig.from_name("tiny", attn_backend="sdpa", loss_chunk_size=4096)
@@ -90,7 +91,7 @@ def test_context_parallel_attention_saves_no_gathered_row():
     batch = PackedBatch.from_lengths(
         torch.randint(0, 512, (1, 1024)), [lengths], reset_position_ids=True
     )
-    shard = batch.context_shard(1, 2, group="simulated")
+    shard = context_shard(batch, 1, 2, group="simulated")
     meta = build_attention_metadata(shard, "sdpa")
     q = torch.randn(1, 1024, 4, 64, requires_grad=True)
     k_row, v_row = (torch.randn(1, 1024, 2, 64, requires_grad=True) for _ in range(2))
