@@ -190,8 +190,8 @@ def preflight_context_parallel(
         )
     except ValueError as err:
         raise ConfigError(
-            f"trainer.context_parallel={size}, trainer.context_parallel_rounds={rounds}, "
-            f"{setting}={seq_len}: {err}"
+            f"{setting}={seq_len}, trainer.context_parallel={size}, "
+            f"trainer.context_parallel_rounds={rounds}: {err}"
         ) from err
     if size > 1 and not isinstance(model_config, LlamaConfig):
         raise ConfigError(
