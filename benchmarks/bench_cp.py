@@ -39,7 +39,7 @@ from longctx.model import Llama, LlamaConfig
 from longctx.model.context_parallel import context_shard, gather_row
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_step import make_batch  # noqa: E402  (one row of lognormal documents)
+from bench_step import data_parallel_step, make_batch  # noqa: E402  (lognormal documents)
 
 RESULTS = Path(__file__).parent / "results"
 SHAPES = {  # (KV heads, head dim, bytes per element, layers)
@@ -91,13 +91,7 @@ def train_steps(model: Llama, batch, steps: int, group=None) -> list[float]:
     times = []
     for step in range(steps + 1):
         start = time.perf_counter()
-        loss_sum, _ = model.loss(batch)
-        loss_sum.backward()
-        if group is not None:
-            for p in model.parameters():
-                dist.all_reduce(p.grad, group=group)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        data_parallel_step(model, batch, opt, group)
         if step:
             times.append(time.perf_counter() - start)
     return times

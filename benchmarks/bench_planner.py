@@ -68,7 +68,7 @@ def rank_worker(
     from longctx.model.context_parallel import context_shard
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_step import make_batch
+    from bench_step import data_parallel_step, make_batch
 
     if malloc == "retain":
         retain_freed_memory()
@@ -86,13 +86,7 @@ def rank_worker(
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(steps):
-        loss_sum, _ = model.loss(shard)
-        loss_sum.backward()
-        if group is not None:
-            for p in model.parameters():
-                dist.all_reduce(p.grad, group=group)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        data_parallel_step(model, shard, opt, group)
     result = {
         "rank": rank,
         "step_s": (time.perf_counter() - start) / steps,

@@ -93,6 +93,18 @@ def make_batch(length: int, seed: int = 0, median: float = 600.0, sigma: float =
     return PackedBatch.from_lengths(tokens, [lens], reset_position_ids=True)
 
 
+def data_parallel_step(model, batch, opt, group=None) -> None:
+    """One optimizer step; with a process group, gradients are summed over its ranks first (the
+    benchmarks' stand-in for DDP / context parallelism's gradient sync)."""
+    loss_sum, _ = model.loss(batch)
+    loss_sum.backward()
+    if group is not None:
+        for p in model.parameters():
+            torch.distributed.all_reduce(p.grad, group=group)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def make_longctx(activation_checkpointing: bool) -> Llama:
     torch.manual_seed(0)
     config = LlamaConfig.from_name(
