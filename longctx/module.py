@@ -265,7 +265,7 @@ class LongCtxModule(L.LightningModule):
         their share (loss and targets of their tokens, 1/N of tokens and FLOPs), so the logged
         numbers are the rows' own, counted once."""
         self._micro += 1
-        origin = getattr(batch, "origin", None)  # a train stream's batch knows its stage
+        origin = batch.origin if isinstance(batch, StreamBatch) else None  # knows its stage
         self._stage, self._seq_len = (origin.position.stage if origin else 0), batch.shape[1]
         self._loss_sum += loss_sum.float()
         self._num_targets += num_tokens
