@@ -549,8 +549,8 @@ def test_context_parallel_not_dividing_the_nodes_is_named(tmp_path):
                  "trainer.num_nodes=2", "trainer.context_parallel=4"]  # fmt: skip
     cfg = compose([*FAST, *overrides], output_dir=tmp_path)
     with pytest.raises(ConfigError, match=re.escape(
-        "trainer.context_parallel=4 must divide the world size 2 (trainer.devices=1 x "
-        "trainer.num_nodes=2)")):  # fmt: skip
+        "trainer.context_parallel=4, trainer.context_parallel_rounds=1: context_parallel=4 "
+        "must divide the world size 2 (processes x nodes)")):  # fmt: skip
         run(cfg)
 
 
