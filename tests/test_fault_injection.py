@@ -195,7 +195,9 @@ def test_resume_with_a_changed_arm_is_refused_unless_allowed(root, reference):
 
 
 def test_a_second_writer_is_refused_and_named(root):
-    first = train(root, "run_name=shared", wait=False)
+    # far more steps than the test lasts: the first run holds the folder until it is killed (with
+    # STEPS it could finish, release the lock and let the second resume, on a fast machine)
+    first = train(root, "run_name=shared", "trainer.max_steps=100000", wait=False)
     try:
         lock = run_folder(root, "shared") / ".lock"
         deadline = time.time() + 300
