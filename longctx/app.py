@@ -60,8 +60,6 @@ from longctx.run_identity import (
     run_identity,
 )
 
-BYTES_PER_PARAM_TRAINING = 16  # fp32 weights 4 + gradients 4 + AdamW moments 8
-
 
 class ConfigError(ValueError):
     """A config value that cannot work; raised before anything is allocated."""
@@ -224,11 +222,6 @@ def check_init_from(model_config) -> None:
         print(change, flush=True)
 
 
-def training_memory_bytes(model_config: LlamaConfig, shards: int) -> int:
-    """Weights, gradients and AdamW state per device (activations not included)."""
-    return model_config.num_params() * BYTES_PER_PARAM_TRAINING // max(shards, 1)
-
-
 def available_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(0).total_memory
@@ -245,12 +238,14 @@ def check_memory(model_config: LlamaConfig, trainer_cfg: DictConfig, device: tor
     sharded = sharded_strategy(trainer_cfg)
     devices = trainer_cfg.get("devices", 1) if isinstance(trainer_cfg.get("devices"), int) else 1
     shards = devices * int(trainer_cfg.get("num_nodes", 1)) if sharded else 1
-    need, have = training_memory_bytes(model_config, shards), available_memory_bytes(device)
+    params = model_config.num_params()
+    need = planner.training_state_bytes(params, shards)
+    have = available_memory_bytes(device)
     if need > have:
         raise ConfigError(
-            f"the model has {model_config.num_params():,} parameters; training it needs about "
+            f"the model has {params:,} parameters; training it needs about "
             f"{need / 2**30:,.1f} GiB per device for weights, gradients and AdamW state "
-            f"({BYTES_PER_PARAM_TRAINING} bytes/parameter{f' sharded over {shards}' if shards > 1 else ''}"
+            f"({planner.training_state_bytes(1)} bytes/parameter{f' sharded over {shards}' if shards > 1 else ''}"
             f", activations not included), but a {device.type} device here has "
             f"{have / 2**30:,.1f} GiB. Use trainer=fsdp with more devices, or dry_run=true to "
             "inspect the model without allocating it."
@@ -296,7 +291,7 @@ def dry_run_report(model_config: LlamaConfig, cfg: DictConfig, device: torch.dev
         params = model_config.num_params()
     report = {
         "parameters": params,
-        "training_memory_gib_per_device": training_memory_bytes(model_config, 1) / 2**30,
+        "training_memory_gib_per_device": planner.training_state_bytes(params) / 2**30,
         "model": asdict(model_config),
         "seq_len": cfg.data.seq_len,
     }

@@ -44,6 +44,8 @@ INTRA_NODE_BYTES_PER_S = 360e9
 INTER_NODE_BYTES_PER_S = 45e9
 # no GPU MFU has been measured in this project yet: a stated assumption (set planner.mfu)
 DEFAULT_MFU = 0.40
+# fp32 weights (the optimizer's master copy), fp32 gradients, AdamW's two fp32 moments
+WEIGHT_BYTES, GRADIENT_BYTES, ADAMW_BYTES = 4, 4, 8
 
 
 class PlanError(ValueError):
@@ -315,9 +317,9 @@ def parameter_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
     shards = layout.world if layout.fsdp else 1
     where = f"sharded over {shards} ranks" if shards > 1 else "replicated"
     terms = [
-        Term("parameters (fp32)", params * 4 // shards, where),
-        Term("gradients (fp32)", params * 4 // shards, where),
-        Term("optimizer state (AdamW, fp32 x 2)", params * 8 // shards, where),
+        Term("parameters (fp32)", params * WEIGHT_BYTES // shards, where),
+        Term("gradients (fp32)", params * GRADIENT_BYTES // shards, where),
+        Term("optimizer state (AdamW, fp32 x 2)", params * ADAMW_BYTES // shards, where),
     ]
     if layout.fsdp and shards > 1:
         block = (params - root_params(config)) // config.n_layers
@@ -328,6 +330,12 @@ def parameter_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
     if layout.precision == "bf16-mixed":
         terms.append(Term("bf16 weight copies (autocast cache)", params * 2))
     return terms
+
+
+def training_state_bytes(params: int, shards: int = 1) -> int:
+    """Weights, gradients and AdamW state per device, activations not included: the floor that
+    any model (longctx's Llama or a transformers one) needs before its first step."""
+    return params * (WEIGHT_BYTES + GRADIENT_BYTES + ADAMW_BYTES) // max(shards, 1)
 
 
 def root_params(config: LlamaConfig) -> int:
