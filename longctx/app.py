@@ -17,7 +17,9 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError
@@ -471,7 +473,12 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         ckpt_path, resume = resume.path, None  # drop the mapped contents before loading
     # weights_only: a checkpoint is data; a crafted pickle in one must not run code
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-    finish_preemption(trainer, output_dir)
+    if finish_preemption(trainer, output_dir) and in_local_sweep():
+        raise SweepStopped(
+            f"a signal stopped this arm at step {trainer.global_step} ({output_dir}); the sweep "
+            "ends here and its later arms do not start. Resume this arm with its overrides and "
+            f"hydra.run.dir={output_dir} ckpt_path=last"
+        )
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if "val/loss" in metrics and trainer.is_global_zero:
         metrics["unigram_baseline"] = unigram_baseline(datamodule.folders()[0])
@@ -529,8 +536,23 @@ def check_fresh_start(output_dir: Path, overwrite: bool) -> None:
     print(f"overwrite=true: deleted {', '.join(found)} from {checkpoint_dir}", flush=True)
 
 
-def finish_preemption(trainer: L.Trainer, output_dir: Path) -> None:
-    """Report this rank; a run that finished without being signalled drops its PREEMPTED marker."""
+class SweepStopped(Exception):
+    """A signal stopped one arm of a local multirun: the arms after it must not start (the
+    signal was meant for the whole process, not for one arm)."""
+
+
+def in_local_sweep() -> bool:
+    """A multirun whose arms run one after another in this process (Hydra's basic launcher);
+    the SLURM launcher runs each arm as its own job, which a signal stops alone."""
+    if not HydraConfig.initialized():
+        return False
+    hydra = HydraConfig.get()
+    return hydra.mode == RunMode.MULTIRUN and hydra.launcher._target_.endswith(".BasicLauncher")
+
+
+def finish_preemption(trainer: L.Trainer, output_dir: Path) -> bool:
+    """Report this rank; a run that finished without being signalled drops its PREEMPTED marker.
+    True when a signal stopped it."""
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     print(
         f"longctx: rank {trainer.global_rank}/{trainer.world_size} stopped at step "
@@ -540,6 +562,7 @@ def finish_preemption(trainer: L.Trainer, output_dir: Path) -> None:
     signalled = any(getattr(c, "saved_path", None) for c in trainer.callbacks)
     if trainer.is_global_zero and not signalled:
         (output_dir / "checkpoints" / PREEMPTED_MARKER).unlink(missing_ok=True)
+    return signalled
 
 
 def main(cfg: DictConfig) -> float | None:
@@ -548,6 +571,9 @@ def main(cfg: DictConfig) -> float | None:
     except (ConfigError, RunFolderBusy) as err:
         print(f"config error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
+    except SweepStopped as err:
+        print(f"longctx: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(0) from err  # a stop exits 0, as a single run's does
     finally:
         teardown()
     return metrics.get("val/loss")

@@ -43,7 +43,7 @@ def fault(kind: str, step: int) -> list[str]:
     ]
 
 
-def train(root: Path, *args: str, wait: bool = True):
+def train(root: Path, *args: str, wait: bool = True, multirun: bool = False):
     """train.py in its own process group (as a job step is), so a group signal stays inside."""
     env = {
         **os.environ,
@@ -51,7 +51,8 @@ def train(root: Path, *args: str, wait: bool = True):
         "PYTHONHASHSEED": "0",
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]),
     }
-    cmd = [sys.executable, str(ROOT / "train.py"), *BASE, *args, f"paths.root_dir={root}"]
+    flags = ["-m"] if multirun else []  # Hydra takes its flags before the overrides
+    cmd = [sys.executable, str(ROOT / "train.py"), *flags, *BASE, *args, f"paths.root_dir={root}"]
     proc = subprocess.Popen(
         cmd,
         cwd=root,
@@ -147,6 +148,26 @@ def test_sigterm_during_validation_saves_and_says_so(root, reference):
     assert load(run / "checkpoints" / "last.ckpt")["global_step"] == 3
     ok(train(root, "run_name=in_validation", "ckpt_path=last"))
     assert_same_params(run, reference)
+
+
+# short arm folders: by default each is named by all of its overrides, too long for a file name
+SWEEP_FOLDERS = ["hydra.sweep.dir=sweep", "hydra.sweep.subdir=arm${hydra.job.num}"]
+
+
+def test_a_signal_ends_a_local_sweep_and_its_arm_resumes(root, reference):
+    """SIGTERM in the first arm of a two-arm multirun (Hydra's basic launcher, one process):
+    that arm saves and the sweep ends there, not going on to the second arm; the stopped arm
+    resumes to the uninterrupted run's parameters where the message says."""
+    stopped = ok(train(root, "seed=0,1", *SWEEP_FOLDERS, *fault("sigterm_group", 1), multirun=True))
+    arm = root / "sweep" / "arm0"
+    assert load(arm / "checkpoints" / "last.ckpt")["global_step"] == 2
+    assert not (root / "sweep" / "arm1").exists(), "the sweep went on after the signal"
+    said = re.search(
+        r"the sweep ends here.*Resume this arm with its overrides and (.*)", stopped.stderr
+    )
+    assert said, stopped.stderr[-3000:]
+    ok(train(root, "seed=0", *said.group(1).split()))
+    assert_same_params(arm, reference)
 
 
 # steps 0-2: 4 rows of 128 (stage 0); steps 3-5: 2 rows of 256 (data.seq_len, stage 1)
