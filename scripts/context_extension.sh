@@ -10,7 +10,8 @@
 #
 # Sizes from the environment: SEQ1 (stage 1's length, default 256; stage 2 is 8x it), STEPS1
 # (default 600 steps of 8 x SEQ1), STEPS2 (150 steps of 1 x 8 SEQ1 per arm), PROBE_SAMPLES (4 per
-# length and depth); FIGURE (default docs/context_extension.png).
+# length and depth); FIGURE (default docs/context_extension.png; the table and numbers go beside it
+# as .json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -43,6 +44,6 @@ for arm in "$sweep"/*rope_arm=*/; do
     --probe-samples "$PROBE_SAMPLES"
 done
 seconds=$(( SECONDS - start ))
-"$PY" -m longctx.eval.extension_report "$sweep" --out "$FIGURE" --note \
+"$PY" -m longctx.eval.extension_report "$sweep" --out "$FIGURE" --json "${FIGURE%.*}.json" --note \
   "tiny, stage 1: $STEPS1 x 8 x $SEQ1, stage 2: $STEPS2 x 1 x $SEQ2 per arm; ${seconds} s wall"
 echo "context_extension: ${seconds} s in all; results in $sweep"

@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import torch
 from helpers import CACHE_DIR, ROOT, compose
 from hydra.utils import instantiate
 
 from longctx.app import ConfigError, instantiate_config
+from longctx.eval.extension_report import paired_differences
 from longctx.model import RopeScaling
 
 ARMS = {
@@ -61,7 +63,7 @@ def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     (sweep,) = (runs / "multirun" / "train").iterdir()
-    report = json.loads((sweep / "extension.json").read_text())
+    report = json.loads((tmp_path / "figure.json").read_text())
     assert sorted(r["arm"] for r in report["arms"]) == sorted(ARMS)
     for row in report["arms"]:
         assert row["seq_len"] == 256
@@ -71,6 +73,12 @@ def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
         }  # fmt: skip
     assert (tmp_path / "figure.png").stat().st_size > 0
     assert "| arm |" in proc.stdout
+    # each arm against unchanged RoPE, per octave, paired over the same held-out books
+    differences = {(d["arm"], d["multiple"]): d for d in report["differences"]}
+    assert sorted(differences) == sorted(
+        (a, m) for a in ARMS if a != "unchanged" for m in (1, 2, 4)
+    )
+    assert all(d["ci95"][0] <= d["delta"] <= d["ci95"][1] for d in differences.values())
     # every arm started from stage 1's weights, with its own RoPE
     for folder in sweep.glob("*rope_arm=*"):
         stored = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
@@ -78,3 +86,32 @@ def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
         assert model["init_from"] == str(runs / "outputs" / "train" / "stage1")
         arm = folder.name.split("rope_arm=")[1].split(",")[0]
         assert model["rope_theta"] == ARMS[arm][0]
+
+
+def fake_arm(folder, shift: float, tokens_at_2x: int = 1000):
+    """Three documents, one bucket per octave of L=256; the arm's loss is unchanged's + shift."""
+    (folder / "eval").mkdir(parents=True)
+    rows = [
+        {
+            "doc": doc,
+            "bucket_start": start,
+            "tokens": tokens,
+            "loss_sum": (1.0 + doc + shift) * tokens,
+        }
+        for doc in range(3)
+        for start, tokens in [(128, 128), (256, tokens_at_2x), (512, 512)]
+    ]
+    pd.DataFrame(rows).to_csv(folder / "eval" / "long_documents.csv", index=False)
+    return folder
+
+
+def test_paired_differences_against_unchanged_rope(tmp_path):
+    folders = {"unchanged": fake_arm(tmp_path / "u", 0.0), "abf": fake_arm(tmp_path / "a", 0.25)}
+    rows = paired_differences(folders, seq_len=256, n_boot=200)
+    assert [(r["arm"], r["multiple"]) for r in rows] == [("abf", 1), ("abf", 2), ("abf", 4)]
+    for row in rows:  # the same shift on every document: no spread to resample
+        assert row["delta"] == pytest.approx(0.25)
+        assert row["ci95"] == pytest.approx([0.25, 0.25])
+    folders["abf"] = fake_arm(tmp_path / "other", 0.25, tokens_at_2x=999)
+    with pytest.raises(ValueError, match="not unchanged's"):
+        paired_differences(folders, seq_len=256)

@@ -3,20 +3,29 @@
 SWEEP is the multirun folder of ``experiment=context_extension``; each arm's evaluation
 (``python -m longctx.eval <arm>/checkpoints/last.ckpt``, written to ``<arm>/eval``) gives the loss
 on the long held-out documents per octave ending at 1x, 2x and 4x the arm's length, and passkey
-accuracy by length. Prints a Markdown table, writes it with the numbers to ``--json`` and draws
-the per-position curves of every arm to ``--out``.
+accuracy by length. Prints a Markdown table, and each arm's paired difference from the
+``unchanged`` arm per octave with a 95% bootstrap interval over the held-out documents (the
+same documents scored by both arms); writes both to ``--json`` and draws the per-position curves
+of every arm to ``--out``. The intervals cover document sampling only: one training seed per arm
+(see longctx.ablation for the training-noise floor of a run this size).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from longctx.ablation import bootstrap_difference, interval
+
 ARM_KEY = "rope_arm="
+BASELINE = "unchanged"
+MULTIPLES = (1, 2, 4)
 
 
 def arm_name(folder: Path) -> str:
@@ -50,6 +59,52 @@ def curve(folder: Path) -> pd.DataFrame:
     return (sums["loss_sum"] / sums["tokens"]).rename("loss").reset_index()
 
 
+def octave_sums(folder: Path, seq_len: int, multiple: int) -> pd.Series:
+    """Per document: the loss sum over the octave [m L/2, m L) (one log2 bucket) and its tokens."""
+    records = pd.read_csv(folder / "eval" / "long_documents.csv")
+    octave = records[records["bucket_start"] == multiple * seq_len // 2]
+    return octave.groupby("doc")[["loss_sum", "tokens"]].sum()
+
+
+def paired_differences(
+    folders: dict[str, Path], seq_len: int, n_boot: int = 10_000, seed: int = 0
+) -> list[dict]:
+    """Each arm minus the unchanged-RoPE arm per octave, paired over the same documents."""
+    if BASELINE not in folders:
+        return []
+    rng = np.random.default_rng(seed)
+    rows = []
+    for multiple in MULTIPLES:
+        base = octave_sums(folders[BASELINE], seq_len, multiple)
+        for arm, folder in folders.items():
+            if arm == BASELINE:
+                continue
+            other = octave_sums(folder, seq_len, multiple)
+            if not other["tokens"].equals(base["tokens"]):
+                raise ValueError(f"{folder}: its long documents are not {BASELINE}'s; re-evaluate")
+            sums = other["loss_sum"].to_numpy()[None], base["loss_sum"].to_numpy()[None]
+            tokens = base["tokens"].to_numpy()
+            replicates = bootstrap_difference(*sums, tokens, n_boot, rng)
+            delta = float((sums[0] - sums[1]).sum() / tokens.sum())
+            rows.append({"arm": arm, "multiple": multiple, "delta": delta,
+                         "ci95": list(interval(replicates)), "documents": len(tokens)})  # fmt: skip
+    return rows
+
+
+def differences_markdown(rows: Sequence[dict]) -> str:
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    header = [f"{m}x" for m in MULTIPLES]
+    lines = [f"| arm - {BASELINE} | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for arm in arms:
+        cells = [
+            f"{r['delta']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]"
+            for r in rows
+            if r["arm"] == arm
+        ]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown(rows: Sequence[dict]) -> str:
     columns = list(rows[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -73,7 +128,7 @@ def plot(arms: dict[str, pd.DataFrame], seq_len: int, out: Path, title: str) -> 
     ax.set_xscale("log", base=2)
     ax.set_xlabel("position in document (bucket [p, 2p); dotted: the training length)")
     ax.set_ylabel("loss (nats/token)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 90), fontsize=9)
     ax.legend()
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -95,11 +150,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     plot({r["arm"]: curve(f) for r, f in zip(rows, folders, strict=True)}, seq_len,
          args.out or args.sweep / "extension.png",
          f"long held-out documents, per position; {args.note}")  # fmt: skip
+    differences = paired_differences({r["arm"]: f for r, f in zip(rows, folders, strict=True)},
+                                     seq_len)  # fmt: skip
     table = markdown(rows)
+    if differences:
+        table += "\n\n" + differences_markdown(differences)
     print(table)
-    (args.json or args.sweep / "extension.json").write_text(
-        json.dumps({"note": args.note, "arms": rows, "markdown": table}, indent=2) + "\n"
-    )
+    report = {"note": args.note, "arms": rows, "differences": differences, "markdown": table}
+    (args.json or args.sweep / "extension.json").write_text(json.dumps(report, indent=2) + "\n")
     return rows
 
 
