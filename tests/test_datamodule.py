@@ -409,3 +409,16 @@ def test_train_batches_declare_their_origin_and_keep_it_when_moved(tmp_path):
     moved = batch.to("cpu")
     assert isinstance(moved, StreamBatch) and moved.origin == batch.origin
     assert batch.origin.first == 0 and batch.origin.position.batches == 1
+
+
+def test_held_out_documents_are_the_val_split_and_asking_for_more_is_refused(corpus):
+    dm = module(corpus)
+    count = ShardSet(corpus, "val").num_documents
+    every = dm.val_documents(None)
+    assert len(every) == count and [len(d) for d in dm.val_documents(3)] == [
+        len(d) for d in every[:3]
+    ]
+    with pytest.raises(
+        ValueError, match=f"num_documents={count + 1}: the val split .* has {count} "
+    ):
+        dm.val_documents(count + 1)

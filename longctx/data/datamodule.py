@@ -307,11 +307,17 @@ class LongCtxDataModule(L.LightningDataModule):
             )
         return rows
 
-    def val_documents(self, limit: int) -> list[np.ndarray]:
-        """The first ``limit`` documents of the first folder's val split (fewer if it has fewer):
-        the held-out documents every arm is scored on (longctx.eval.documents)."""
-        val = ShardSet(self.folders()[0], "val")
-        return [val.document(i) for i in range(min(limit, val.num_documents))]
+    def val_documents(self, limit: int | None) -> list[np.ndarray]:
+        """The first ``limit`` documents (None: all) of the first folder's val split: the
+        held-out documents every arm is scored on (longctx.eval.documents)."""
+        folder = self.folders()[0]
+        val = ShardSet(folder, "val")
+        if limit is not None and limit > val.num_documents:
+            raise ValueError(
+                f"num_documents={limit}: the val split of {folder} has {val.num_documents} "
+                f"documents; ask for at most {val.num_documents}, or null for all of them"
+            )
+        return [val.document(i) for i in range(val.num_documents if limit is None else limit)]
 
     def _validation_batches(self, world: int) -> list[list[PackedBatch]]:
         """Per-rank batches of the fixed validation rows (rows r::world go to rank r)."""

@@ -156,9 +156,10 @@ class HeldOutDocumentLoss(L.Callback):
     """
 
     def __init__(
-        self, num_documents: int = 64, rows_per_batch: int = 2, out_dir: str | None = None
+        self, num_documents: int | None = None, rows_per_batch: int = 2, out_dir: str | None = None
     ) -> None:
-        if num_documents < 1 or rows_per_batch < 1:
+        """``num_documents``: the first N of the val split; None scores all of it."""
+        if (num_documents is not None and num_documents < 1) or rows_per_batch < 1:
             raise ValueError(
                 f"num_documents={num_documents}, rows_per_batch={rows_per_batch}; expected >= 1"
             )
@@ -168,6 +169,9 @@ class HeldOutDocumentLoss(L.Callback):
             out_dir,
         )
         self._batches = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._document_batches(trainer.datamodule)  # a bad num_documents stops before training
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
