@@ -1,7 +1,18 @@
-"""Skip GPU-marked tests on machines without CUDA."""
+"""Skip GPU-marked tests on machines without CUDA; share the cores between xdist workers."""
+
+import os
 
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:  # each worker (and the train.py runs it starts) gets its share of the cores:
+        # oversubscribed OpenMP threads spin-wait for each other and slow every worker down
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):
