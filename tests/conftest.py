@@ -1,6 +1,7 @@
 """Skip GPU-marked tests on machines without CUDA; share the cores between xdist workers."""
 
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -16,6 +17,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the files with the most end-to-end (slow, slurm) tests first: with xdist's --dist loadfile
+    # the long files start early and the short ones fill in the workers' ends (a stable sort
+    # keeps each file's own order)
+    heavy = Counter(item.path for item in items if {"slow", "slurm"} & set(item.keywords))
+    items.sort(key=lambda item: -heavy[item.path])
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
