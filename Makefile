@@ -16,8 +16,10 @@ train: setup
 # The slurm-marked tests need a local SLURM of two nodes: `make test` starts one (scripts/slurm/local_cluster.sh,
 # root; Debian packages installed if missing) unless one is already up, and stops it afterwards.
 # If it cannot start, the slurm tests skip and say why. The tests run on every core, a file per
-# worker (its module fixtures are built once); PYTEST_ARGS= runs them in one process.
-PYTEST_ARGS ?= -n auto --dist loadfile
+# worker (its module fixtures are built once), in collection order (tests/conftest.py puts the
+# long files first; xdist's own reorder, by test count, would leave them for last);
+# PYTEST_ARGS= runs them in one process.
+PYTEST_ARGS ?= -n auto --dist loadfile --no-loadscope-reorder
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
