@@ -59,7 +59,7 @@ def curve(folder: Path) -> pd.DataFrame:
     return (sums["loss_sum"] / sums["tokens"]).rename("loss").reset_index()
 
 
-def octave_sums(folder: Path, seq_len: int, multiple: int) -> pd.Series:
+def octave_sums(folder: Path, seq_len: int, multiple: int) -> pd.DataFrame:
     """Per document: the loss sum over the octave [m L/2, m L) (one log2 bucket) and its tokens."""
     records = pd.read_csv(folder / "eval" / "long_documents.csv")
     octave = records[records["bucket_start"] == multiple * seq_len // 2]
