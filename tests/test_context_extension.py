@@ -89,7 +89,7 @@ def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
 
 
 def fake_arm(folder, shift: float, tokens_at_2x: int = 1000):
-    """Three documents, one bucket per octave of L=256; the arm's loss is unchanged's + shift."""
+    """Three documents, one record per octave of L=256; the arm's loss is unchanged's + shift."""
     (folder / "eval").mkdir(parents=True)
     rows = [
         {
@@ -101,7 +101,7 @@ def fake_arm(folder, shift: float, tokens_at_2x: int = 1000):
         for doc in range(3)
         for start, tokens in [(128, 128), (256, tokens_at_2x), (512, 512)]
     ]
-    pd.DataFrame(rows).to_csv(folder / "eval" / "long_documents.csv", index=False)
+    pd.DataFrame(rows).to_csv(folder / "eval" / "long_documents_by_octave.csv", index=False)
     return folder
 
 

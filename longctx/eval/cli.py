@@ -173,6 +173,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     summary["long_documents"] = octave_table(long["octaves"], data_config.seq_len, args.long_factor)
     write_rows(long["curve"], out / "long_documents.csv")
+    write_rows(long["octaves"], out / "long_documents_by_octave.csv")  # per document: for CIs
     if not args.no_probe:
         tokenizer = load_tokenizer(datamodule.manifest.tokenizer)
         lengths = args.probe_lengths or probe_lengths(data_config.seq_len, args.long_factor)

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from longctx.ablation import bootstrap_difference, interval
+from longctx.eval.long_documents import octave_starts
 
 ARM_KEY = "rope_arm="
 BASELINE = "unchanged"
@@ -60,9 +61,10 @@ def curve(folder: Path) -> pd.DataFrame:
 
 
 def octave_sums(folder: Path, seq_len: int, multiple: int) -> pd.DataFrame:
-    """Per document: the loss sum over the octave [m L/2, m L) (one log2 bucket) and its tokens."""
-    records = pd.read_csv(folder / "eval" / "long_documents.csv")
-    octave = records[records["bucket_start"] == multiple * seq_len // 2]
+    """Per document: the loss sum over the octave [m L/2, m L) and its tokens, as the arm's
+    evaluation scored them (longctx.eval.long_documents.octave_starts)."""
+    records = pd.read_csv(folder / "eval" / "long_documents_by_octave.csv")
+    octave = records[records["bucket_start"] == octave_starts(seq_len, multiple)[-1]]
     return octave.groupby("doc")[["loss_sum", "tokens"]].sum()
 
 
