@@ -10,7 +10,7 @@ Examples:
 import hydra
 from omegaconf import DictConfig
 
-from longctx.app import main, register_resolvers
+from longctx.train.app import main, register_resolvers
 
 register_resolvers()
 

@@ -4,7 +4,7 @@
 # arms {unchanged, ABF theta x50, linear, YaRN} from stage 1's weights (experiment=
 # context_extension, model.init_from), then every arm is evaluated on the long held-out documents
 # out to 4x its length, with the passkey probe up to that length, and the table and figure are
-# written (python -m longctx.eval.extension_report).
+# written (python -m longctx.experiments.extension_report).
 #
 #   scripts/context_extension.sh [RUNS_ROOT] [extra overrides for both stages ...]
 #
@@ -44,6 +44,6 @@ for arm in "$sweep"/*rope_arm=*/; do
     --probe-samples "$PROBE_SAMPLES"
 done
 seconds=$(( SECONDS - start ))
-"$PY" -m longctx.eval.extension_report "$sweep" --out "$FIGURE" --json "${FIGURE%.*}.json" --note \
+"$PY" -m longctx.experiments.extension_report "$sweep" --out "$FIGURE" --json "${FIGURE%.*}.json" --note \
   "tiny, stage 1: $STEPS1 x 8 x $SEQ1, stage 2: $STEPS2 x 1 x $SEQ2 per arm; ${seconds} s wall"
 echo "context_extension: ${seconds} s in all; results in $sweep"

@@ -22,9 +22,13 @@ import torch.multiprocessing as mp
 from helpers import assert_close_scaled
 
 from longctx.batch import PackedBatch
-from longctx.distributed.context import context_parallel_group, data_parallel_rank_and_size
+from longctx.distributed.context_parallel import (
+    context_parallel_group,
+    context_shard,
+    data_parallel_rank_and_size,
+    gather_row,
+)
 from longctx.model import Llama, LlamaConfig
-from longctx.model.context_parallel import context_shard, gather_row
 
 L = 240
 ROWS = [[7, 50, 1, 33, 90, 59], [240], [13] * 17 + [19]]  # one 240-token document > a chunk

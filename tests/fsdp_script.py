@@ -1,4 +1,4 @@
-"""Run by tests/test_fsdp.py: FSDP2 (longctx.distributed.FSDP2Strategy) on CPU with gloo.
+"""Run by tests/test_fsdp.py: FSDP2 (longctx.distributed.fsdp.FSDP2Strategy) on CPU with gloo.
 
 python fsdp_script.py --devices N --steps S --out params.pt [--start K --resume CKPT]
     [--save CKPT] [--momentum] [--init-from DIR --read-report FILE]
@@ -22,7 +22,7 @@ import torch
 from module_fixtures import cat_batches, random_batch, small_module
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from longctx.distributed import FSDP2Strategy
+from longctx.distributed.fsdp import FSDP2Strategy
 
 ROWS = [[[5, 20, 39], [64]], [[2, 2, 2, 2, 56], [3, 3, 58]]]  # unequal targets per rank
 
@@ -51,7 +51,7 @@ def count_reads() -> dict:
     """Count the elements init_from reads from safetensors (by wrapping its reader)."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
-    import longctx.init_from as init_from
+    import longctx.train.init_from as init_from
 
     read = {"elements": 0}
 

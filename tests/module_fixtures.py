@@ -9,7 +9,7 @@ import torch
 
 from longctx import PackedBatch
 from longctx.model import LlamaConfig
-from longctx.module import LongCtxModule
+from longctx.train.module import LongCtxModule
 
 SMALL = dict(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, attn_backend="sdpa"

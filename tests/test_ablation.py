@@ -1,4 +1,4 @@
-"""longctx.ablation: arm losses and paired differences with bootstrap CIs, on synthetic runs with a
+"""longctx.experiments.ablation: arm losses and paired differences with bootstrap CIs, on synthetic runs with a
 known answer; the analysis CLI's summary; the held-out W&B table written offline and read back."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from longctx import ablation as S
-from longctx import analysis as A
+from longctx.experiments import ablation as S
+from longctx.experiments import analysis as A
 
 DOCS, TOKENS = 64, 400
 

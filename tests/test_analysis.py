@@ -1,4 +1,4 @@
-"""longctx.analysis: tidy frames from CSV logs, offline W&B run files and the W&B API; plots."""
+"""longctx.experiments.analysis: tidy frames from CSV logs, offline W&B run files and the W&B API; plots."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from longctx import analysis as A
+from longctx.experiments import analysis as A
 
 VARIANTS = [(True, True), (False, True), (True, False), (False, False)]
 

@@ -19,9 +19,9 @@ from longctx.model.attention import (
     get_backend,
     resolve_backend,
 )
-from longctx.model.attention_flex import build_document_block_mask
-from longctx.model.attention_names import ATTENTION_BACKENDS
-from longctx.model.attention_sdpa import (
+from longctx.model.attention.flex import build_document_block_mask
+from longctx.model.attention.names import ATTENTION_BACKENDS
+from longctx.model.attention.sdpa import (
     PAD_BUDGET_TOKENS2,
     build_sdpa_plan,
     group_documents,

@@ -19,7 +19,7 @@ from longctx.model.attention import (
     build_attention_metadata,
     resolve_backend,
 )
-from longctx.model.attention_flash import available_flash_impls, flash_attn_importable
+from longctx.model.attention.flash import available_flash_impls, flash_attn_importable
 
 pytestmark = [
     pytest.mark.gpu,

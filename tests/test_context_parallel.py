@@ -28,17 +28,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from longctx.app import ConfigError, check_backend, preflight_context_parallel, run
 from longctx.batch import PackedBatch
-from longctx.model import Llama, LlamaConfig
-from longctx.model.attention import attention, attention_over_row, build_attention_metadata
-from longctx.model.attention_flash import context_key_spans
-from longctx.model.context_parallel import (
+from longctx.distributed.context_parallel import (
     ContextShard,
     context_shard,
     gather_row,
     lower_right_causal_attention,
 )
+from longctx.model import Llama, LlamaConfig
+from longctx.model.attention import attention, attention_over_row, build_attention_metadata
+from longctx.model.attention.flash import context_key_spans
+from longctx.train.app import ConfigError, check_backend, preflight_context_parallel, run
 
 H, HKV, D = 4, 2, 16
 L = 96
@@ -212,7 +212,7 @@ def test_flash_key_spans_feed_a_varlen_kernel_exactly(size, rounds):
 
 
 def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
-    import longctx.model.context_parallel as cp
+    import longctx.distributed.context_parallel as cp
 
     q, k, v = make_qkv(1, 40)
     q, k, v = q[0, 25:], k[0], v[0]  # 15 queries, the last of 40 keys

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from longctx.batch import PackedBatch
+from longctx.distributed.context_parallel import context_shard
 from longctx.model.attention import attention, attention_over_row, build_attention_metadata
-from longctx.model.attention_flash import available_flash_impls
-from longctx.model.context_parallel import context_shard
+from longctx.model.attention.flash import available_flash_impls
 
 pytestmark = [
     pytest.mark.gpu,

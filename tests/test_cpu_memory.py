@@ -14,7 +14,7 @@ import pytest
 # earlier eight-round version of this test); sixteen leave a margin.
 SCRIPT = """
 import resource, sys, torch
-from longctx.cpu_memory import retain_freed_memory
+from longctx.train.cpu_memory import retain_freed_memory
 if sys.argv[1] == "retain":
     assert retain_freed_memory()
 faults = []

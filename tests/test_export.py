@@ -1,4 +1,4 @@
-"""python -m longctx.export: a longctx run's checkpoint as a transformers folder that
+"""python -m longctx.hf.export: a longctx run's checkpoint as a transformers folder that
 AutoModelForCausalLM and AutoTokenizer open, with longctx's logits and token ids."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from module_fixtures import SMALL, fit, random_batch
 from omegaconf import OmegaConf
 
 from longctx.data.tokenizer import ByteTokenizer
-from longctx.export import export, main
-from longctx.init_from import InitFromError
+from longctx.hf.export import export, main
 from longctx.model import LlamaConfig
-from longctx.module import LongCtxModule
+from longctx.train.init_from import InitFromError
+from longctx.train.module import LongCtxModule
 
 # module_fixtures.SMALL with room for the byte tokenizer's 259 ids
 SHAPES = {**SMALL, "vocab_size": 300}
@@ -45,7 +45,7 @@ def make_run(tmp_path):
 
 
 def longctx_logits(run, batch):
-    from longctx.export import _read, run_config_of
+    from longctx.hf.export import _read, run_config_of
 
     model = _read(run, run_config_of(run))
     with torch.no_grad():
@@ -81,7 +81,7 @@ def test_export_opens_in_transformers_with_the_same_logits_and_tokens(tmp_path):
 
 
 def test_every_byte_round_trips():
-    from longctx.export import byte_tokenizer_fast
+    from longctx.hf.export import byte_tokenizer_fast
 
     tokenizer = byte_tokenizer_fast()
     for b in range(256):

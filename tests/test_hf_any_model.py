@@ -315,7 +315,7 @@ def test_train_py_model_hf(tmp_path):
 
 
 def test_dry_run_and_preflight_model_hf(tmp_path):
-    from longctx.app import ConfigError, run
+    from longctx.train.app import ConfigError, run
 
     path = save_family("llama", tmp_path / "ckpt")
     overrides = ["model=hf", f"model.path={path}", *FAST, "dry_run=true"]

@@ -14,8 +14,8 @@ import transformers
 from module_fixtures import SMALL, fit, random_batch, small_module
 
 from longctx.batch import PackedBatch
-from longctx.init_from import InitFromError, load_init_weights, resolve
 from longctx.model import Llama, LlamaConfig
+from longctx.train.init_from import InitFromError, load_init_weights, resolve
 
 # a transformers Llama with the shapes of module_fixtures.SMALL (the tiny preset's other fields)
 HF_SMALL = dict(
@@ -192,7 +192,7 @@ def test_shape_mismatch_names_fields_and_tensors(tmp_path):
 def test_app_preflight_refuses_a_mismatched_init_from(tmp_path):
     from helpers import compose
 
-    from longctx.app import ConfigError, run
+    from longctx.train.app import ConfigError, run
 
     path = save_hf_small(tmp_path / "hf", shard=None)
     cfg = compose(["model=tiny", f"model.init_from={path}", "dry_run=true"], output_dir=tmp_path)
@@ -305,7 +305,7 @@ def test_issue_command_fsdp_context_parallel_then_a_next_stage(tmp_path):
     # the stage as a transformers folder: YaRN config, same logits, through the CLI
     out = tmp_path / "exported"
     subprocess.run(
-        [sys.executable, "-m", "longctx.export", str(runs / "stage2"), "--out", str(out)],
+        [sys.executable, "-m", "longctx.hf.export", str(runs / "stage2"), "--out", str(out)],
         check=True,
         capture_output=True,
     )

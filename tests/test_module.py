@@ -12,9 +12,9 @@ import torch
 from helpers import assert_close_scaled
 from module_fixtures import cat_batches, fit, random_batch, small_module
 
+from longctx.data.packing import collate_rows, make_packer
 from longctx.data.streams import StreamBatch
-from longctx.module import LongCtxModule, param_groups, warmup_cosine_schedule
-from longctx.packing import collate_rows, make_packer
+from longctx.train.module import LongCtxModule, param_groups, warmup_cosine_schedule
 
 HERE = Path(__file__).parent
 

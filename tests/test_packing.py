@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longctx.batch import IGNORE_INDEX
-from longctx.packing import (
+from longctx.data.packing import (
     PackedRow,
     collate_rows,
     make_packer,

@@ -9,12 +9,12 @@ import torch
 from helpers import FAST, compose
 
 from longctx import planner
-from longctx.app import ConfigError, run
 from longctx.batch import PackedBatch
+from longctx.distributed.context_parallel import context_shard
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import attention_over_row, build_attention_metadata
-from longctx.model.context_parallel import context_shard
 from longctx.planner import Layout, PlanError
+from longctx.train.app import ConfigError, run
 
 TINY = LlamaConfig.from_name("tiny", attn_backend="sdpa", loss_chunk_size=4096)
 LLAMA_8B = LlamaConfig.from_name("llama3_8b", attn_backend="flash", activation_checkpointing=False)

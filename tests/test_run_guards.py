@@ -14,14 +14,14 @@ import torch
 from helpers import FAST, compose
 from hydra.utils import instantiate
 
-from longctx.analysis import csv_rows
-from longctx.app import ConfigError, run
-from longctx.checkpoint import UnreadableCheckpoint, resolve_ckpt_path
 from longctx.data import DataConfig
-from longctx.loggers import HistoryCSVLogger
+from longctx.experiments.analysis import csv_rows
 from longctx.model import LlamaConfig
-from longctx.run_folder import RunFolderBusy, RunFolderLock, config_subdir
-from longctx.run_identity import ResumeMismatch, check_resume, run_identity
+from longctx.runs.checkpoints import UnreadableCheckpoint, resolve_ckpt_path
+from longctx.runs.folder import RunFolderBusy, RunFolderLock, config_subdir
+from longctx.runs.identity import ResumeMismatch, check_resume, run_identity
+from longctx.train.app import ConfigError, run
+from longctx.train.loggers import HistoryCSVLogger
 
 
 def hydra_start(run_dir: Path) -> None:

@@ -398,7 +398,7 @@ def test_local_cluster_has_two_idle_nodes_and_start_is_idempotent():
 
 # ------------------------------------------------------------------ without a cluster
 def test_auto_resume_only_after_preemption_or_restart(tmp_path, monkeypatch):
-    from longctx.checkpoint import auto_resume_path
+    from longctx.runs.checkpoints import auto_resume_path
 
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     ckpts = tmp_path / "checkpoints"
@@ -415,7 +415,7 @@ def test_auto_resume_only_after_preemption_or_restart(tmp_path, monkeypatch):
 
 
 def test_run_folder_is_stable_inside_a_slurm_job(tmp_path, monkeypatch):
-    from longctx.app import run_dir
+    from longctx.train.app import run_dir
 
     for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -431,7 +431,7 @@ def test_run_folder_is_stable_inside_a_slurm_job(tmp_path, monkeypatch):
 def test_lightning_auto_requeue_is_off_under_slurm(monkeypatch):
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-    from longctx.distributed import slurm_plugins
+    from longctx.distributed.slurm import slurm_plugins
 
     for var in [v for v in os.environ if v.startswith("SLURM_")]:
         monkeypatch.delenv(var)
@@ -444,7 +444,7 @@ def test_lightning_auto_requeue_is_off_under_slurm(monkeypatch):
 
 
 def test_requeue_outside_slurm_says_so(monkeypatch):
-    from longctx.distributed import requeue_job
+    from longctx.distributed.slurm import requeue_job
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with pytest.raises(RuntimeError, match="not inside a SLURM job"):
@@ -452,7 +452,7 @@ def test_requeue_outside_slurm_says_so(monkeypatch):
 
 
 def test_save_on_signal_refuses_bad_settings():
-    from longctx.callbacks import SaveOnSignal
+    from longctx.train.callbacks import SaveOnSignal
 
     with pytest.raises(ValueError, match="SIGFOO"):
         SaveOnSignal(requeue_signals=["SIGFOO"])
@@ -465,7 +465,7 @@ def test_launcher_config_composes(tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from longctx.app import register_resolvers
+    from longctx.train.app import register_resolvers
 
     register_resolvers()
     overrides = ["hydra/launcher=slurm", "trainer=ddp", "trainer.num_nodes=1", "trainer.devices=8"]
@@ -543,7 +543,7 @@ def test_unresolvable_first_node_is_named(monkeypatch):
 def test_context_parallel_not_dividing_the_nodes_is_named(tmp_path):
     from helpers import FAST, compose
 
-    from longctx.app import ConfigError, run
+    from longctx.train.app import ConfigError, run
 
     overrides = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=1",
                  "trainer.num_nodes=2", "trainer.context_parallel=4"]  # fmt: skip

@@ -10,7 +10,6 @@ from helpers import compose
 from omegaconf import open_dict
 from test_datamodule import module, small_corpus, take
 
-from longctx.app import ConfigError, pop_context_parallel, preflight
 from longctx.data import DataConfig, LongCtxDataModule, ShardSet
 from longctx.data.config import LengthUpsampling, Stage
 from longctx.data.streams import (
@@ -21,6 +20,7 @@ from longctx.data.streams import (
     slot_probabilities,
     upsampled_slots,
 )
+from longctx.train.app import ConfigError, pop_context_parallel, preflight
 
 # stage 0: 3 steps of 4 x 16; stage 1: steps 3-4 of 2 x 32; then 2 x 64 (data.seq_len)
 STAGED = dict(

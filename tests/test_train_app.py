@@ -25,11 +25,11 @@ from helpers import (
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from longctx.ablation import summarize
-from longctx.analysis import wandb_file_tables
-from longctx.app import ConfigError, pop_context_parallel, run
-from longctx.arms import arm_description
+from longctx.experiments.ablation import summarize
+from longctx.experiments.analysis import wandb_file_tables
+from longctx.experiments.arms import arm_description
 from longctx.model import Llama, LlamaConfig
+from longctx.train.app import ConfigError, pop_context_parallel, run
 
 CONF = ROOT / "conf"
 GOLDEN = ROOT / "tests" / "assets" / "golden_tiny_loss.json"
@@ -82,7 +82,7 @@ def test_instantiate_each_model_preset(preset, tmp_path):
 
 def test_instantiate_datamodule_and_module(tmp_path):
     from longctx.data import LongCtxDataModule
-    from longctx.module import LongCtxModule
+    from longctx.train.module import LongCtxModule
 
     cfg = compose(FAST, output_dir=tmp_path)
     datamodule = LongCtxDataModule(instantiate(cfg.data))
@@ -192,7 +192,7 @@ def test_ablation_multirun_offline_wandb(tmp_path):
     assert toggles == {(True, True), (True, False), (False, True), (False, False)}
     assert {c.group for c in configs} == {"position_ablation"}
     # the resolved config went to W&B with each run: group and toggles
-    from longctx.analysis import wandb_file_config
+    from longctx.experiments.analysis import wandb_file_config
 
     logged = [wandb_file_config(next(r.glob("*.wandb"))) for r in runs]
     assert {c["group"] for c in logged} == {"position_ablation"}

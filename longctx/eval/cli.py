@@ -39,7 +39,7 @@ def stored_run_config(checkpoint: dict, path: Path):
     """The run's resolved model and data config, as train.py stored it in the checkpoint."""
     from omegaconf import OmegaConf
 
-    from longctx.run_identity import CHECKPOINT_KEY
+    from longctx.runs.identity import CHECKPOINT_KEY
 
     stored = (checkpoint.get(CHECKPOINT_KEY) or {}).get("config")
     if stored is None:
@@ -142,8 +142,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longctx.checkpoint import read_checkpoint
     from longctx.data import LongCtxDataModule, load_tokenizer
+    from longctx.runs.checkpoints import read_checkpoint
 
     state = read_checkpoint(args.checkpoint)  # names the file when missing or unreadable
     model_config, data_config = load_configs(

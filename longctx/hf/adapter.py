@@ -33,7 +33,7 @@ from longctx.model.attention import (
     build_attention_metadata,
     resolve_backend,
 )
-from longctx.model.attention_names import check_backend_name
+from longctx.model.attention.names import check_backend_name
 from longctx.model.flops import training_flops
 from longctx.model.interface import PackedCausalLM, check_batch
 from longctx.model.rope import RopeScaling

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from longctx.model.attention_names import AUTO, check_backend_name
+from longctx.model.attention.names import AUTO, check_backend_name
 from longctx.model.rope import RopeScaling
 from longctx.model.validation import require_positive, require_positive_int
 
@@ -30,7 +30,7 @@ class LlamaConfig:
     loss_chunk_size: int = 4096  # tokens per chunk of the chunked cross-entropy
     init_std: float = 0.02
     # weights to start from (a new stage: fresh optimizer, schedule and data position): a
-    # transformers folder, or a longctx checkpoint / run folder (longctx.init_from)
+    # transformers folder, or a longctx checkpoint / run folder (longctx.train.init_from)
     init_from: str | None = None
 
     def __post_init__(self) -> None:

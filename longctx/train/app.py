@@ -25,16 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError
 
 from longctx import planner
-from longctx.arms import arm_description
-from longctx.checkpoint import (
-    AtomicCheckpointIO,
-    ResumePoint,
-    UnreadableCheckpoint,
-    auto_resume_path,
-    remove_stale_temp_files,
-    resolve_ckpt_path,
-)
-from longctx.cpu_memory import retain_freed_memory
+from longctx.distributed.context_parallel import check_context_parallel
 from longctx.distributed.slurm import (
     PREEMPTED_MARKER,
     check_allocation,
@@ -43,24 +34,33 @@ from longctx.distributed.slurm import (
     slurm_job_label,
     slurm_plugins,
 )
-from longctx.loggers import make_loggers
+from longctx.experiments.arms import arm_description
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import get_backend, resolve_backend
-from longctx.model.context_parallel import check_context_parallel
-from longctx.run_folder import (
+from longctx.runs.checkpoints import (
+    AtomicCheckpointIO,
+    ResumePoint,
+    UnreadableCheckpoint,
+    auto_resume_path,
+    remove_stale_temp_files,
+    resolve_ckpt_path,
+)
+from longctx.runs.folder import (
     RunFolderBusy,
     RunFolderLock,
     config_subdir,
     existing_checkpoints,
     remove_if_only_bookkeeping,
 )
-from longctx.run_identity import (
+from longctx.runs.identity import (
     CHECKPOINT_KEY,
     ResumeMismatch,
     RunRecord,
     check_resume,
     run_identity,
 )
+from longctx.train.cpu_memory import retain_freed_memory
+from longctx.train.loggers import make_loggers
 
 
 class ConfigError(ValueError):
@@ -213,7 +213,7 @@ def check_init_from(model_config) -> None:
     """model.init_from names weights of this model's shapes (read later, by each rank)."""
     if not model_config.init_from:
         return
-    from longctx.init_from import resolve
+    from longctx.train.init_from import resolve
 
     try:
         source = resolve(model_config.init_from)
@@ -414,7 +414,7 @@ def writes_run_folder() -> bool:
 def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     from longctx.data import LongCtxDataModule
     from longctx.eval.baselines import unigram_baseline
-    from longctx.module import LongCtxModule
+    from longctx.train.module import LongCtxModule
 
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)

@@ -22,11 +22,10 @@ from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.data.streams import StreamBatch
-from longctx.distributed.context import context_parallel_group
+from longctx.distributed.context_parallel import context_parallel_group, context_shard, gather_row
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
 from longctx.model import Llama, LlamaConfig
-from longctx.model.context_parallel import context_shard, gather_row
 from longctx.model.interface import PackedCausalLM
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
@@ -163,13 +162,13 @@ class LongCtxModule(L.LightningModule):
                 block.compile()
         if self._device_mesh is not None and not self._is_sharded():
             # ModelParallelStrategy: FSDP2, fully_shard per block then the root. Settings come
-            # from longctx.distributed.FSDP2Strategy; a plain ModelParallelStrategy gets defaults.
+            # from longctx.distributed.fsdp.FSDP2Strategy; a plain ModelParallelStrategy gets defaults.
             from longctx.distributed.fsdp import apply_fsdp
 
             shard = getattr(self.trainer.strategy, "shard", None)
             shard(self.model) if shard else apply_fsdp(self.model, self._device_mesh)
         if any(p.is_meta for p in self.model.parameters()):  # model.init_from, not yet read
-            from longctx.init_from import load_init_weights
+            from longctx.train.init_from import load_init_weights
 
             load_init_weights(self.model, self.trainer.strategy.root_device)
 

@@ -1,4 +1,4 @@
-"""Export a longctx checkpoint as a transformers folder: ``python -m longctx.export CKPT --out DIR``.
+"""Export a longctx checkpoint as a transformers folder: ``python -m longctx.hf.export CKPT --out DIR``.
 
 CKPT is anything ``model.init_from`` reads from longctx (a .ckpt file, a sharded checkpoint
 folder, or a run folder); the model config comes from its run's ``.hydra/config.yaml``. DIR gets
@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from longctx.data.tokenizer import ByteTokenizer
-from longctx.init_from import InitFromError, resolve
 from longctx.model import Llama, LlamaConfig
+from longctx.train.init_from import InitFromError, resolve
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 BYTE_SPECIALS = {ByteTokenizer.PAD: "<pad>", ByteTokenizer.BOS: "<s>", ByteTokenizer.EOS: "</s>"}
@@ -141,7 +141,7 @@ def _copy_tokenizer(source: Path, folder: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m longctx.export", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m longctx.hf.export", description=__doc__)
     ap.add_argument("checkpoint", help="a longctx .ckpt file, sharded checkpoint or run folder")
     ap.add_argument("--out", required=True, help="a new (or empty) folder")
     ap.add_argument("--max-shard-size", default="5GB", help="shard above this size (e.g. 5GB)")

@@ -159,7 +159,7 @@ def _transformers_source(path: Path) -> WeightSource:
 
 
 def _run_checkpoint(run: Path) -> Path:
-    from longctx.checkpoint import existing_checkpoint
+    from longctx.runs.checkpoints import existing_checkpoint
 
     found = existing_checkpoint(run / "checkpoints" / "last.ckpt")
     if found is None:

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
@@ -295,3 +296,26 @@ def _masked_block(q_QHD: Tensor, k_KHD: Tensor, v_KHD: Tensor) -> Tensor:
         q_1HQD, k_1HKD, v_1HKD, attn_mask=mask_QK, enable_gqa=q_QHD.shape[1] != k_KHD.shape[1]
     )
     return out_1HQD[0].transpose(0, 1)
+
+
+# Process groups: ranks form a (data parallel x context parallel) mesh. Global rank r is
+# context-parallel rank r % N of data-parallel replica r // N: the N ranks sharing a row are
+# consecutive, so on a multi-GPU node they sit on one node, where the per-layer K/V all-gather is
+# fastest. Gradients are still reduced over the whole world by DDP or FSDP2 (every rank holds
+# different tokens), so those strategies need no change.
+def data_parallel_rank_and_size(rank: int, world: int, context_parallel: int) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel size) of global ``rank`` in a world of ``world``."""
+    check_context_parallel(context_parallel, world=world)
+    return rank // context_parallel, world // context_parallel
+
+
+def context_parallel_group(context_parallel: int):
+    """This rank's group of ``context_parallel`` consecutive ranks: the "cp" dimension of a
+    ("dp", "cp") device mesh (row-major, so cp ranks are consecutive)."""
+    world = dist.get_world_size()
+    check_context_parallel(context_parallel, world=world)
+    device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(
+        device, (world // context_parallel, context_parallel), mesh_dim_names=("dp", "cp")
+    )
+    return mesh.get_group("cp")

@@ -23,14 +23,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longctx.batch import PackedBatch
-from longctx.model.attention import AttentionBackend
-from longctx.model.attention_names import SDPA
-from longctx.model.context_parallel import (
+from longctx.distributed.context_parallel import (
     ContextShard,
     lower_right_causal_attention,
     piece_spans,
     span_index,
 )
+from longctx.model.attention.base import AttentionBackend
+from longctx.model.attention.names import SDPA
 
 # Token pairs of padding worth one SDPA fwd+bwd call. CPU, measured at H=4, D=64, 1 thread:
 # a call costs ~0.07 ms + 1.3 us/token + 5e-8 s/token pair, so ~1400 pairs; 32**2 measured best

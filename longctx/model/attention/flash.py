@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longctx.batch import PackedBatch
-from longctx.model.attention import AttentionBackend
-from longctx.model.attention_names import FLASH
-from longctx.model.context_parallel import ContextShard, piece_spans, span_index
+from longctx.distributed.context_parallel import ContextShard, piece_spans, span_index
+from longctx.model.attention.base import AttentionBackend
+from longctx.model.attention.names import FLASH
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 

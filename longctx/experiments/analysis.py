@@ -5,8 +5,8 @@ Every loader returns one tidy frame with the columns of :data:`COLUMNS`: one row
 ``reset_position_ids`` and ``document_mask`` and a readable label. Plots are matplotlib figures
 (Agg backend), saved as PNG, so they read the same with or without a notebook.
 
-    python -m longctx.analysis LOCAL_FOLDER --out docs/ablation.png
-    python -m longctx.analysis --wandb ENTITY/PROJECT --group position_ablation --out ablation.png
+    python -m longctx.experiments.analysis LOCAL_FOLDER --out docs/ablation.png
+    python -m longctx.experiments.analysis --wandb ENTITY/PROJECT --group position_ablation --out ablation.png
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from longctx.arms import ARM_ORDER, arm_label
+from longctx.experiments.arms import ARM_ORDER, arm_label
 
 COLUMNS = [
     "run", "group", "variant", "reset_position_ids", "document_mask", "step", "metric", "value",
@@ -385,7 +385,7 @@ def plot_position_loss(frame: pd.DataFrame, kind: str = "doc", step: int | None 
 
 def plot_held_out_bands(positions: pd.DataFrame, ax=None):
     """Held-out loss by in-document position bucket per arm, with its bootstrap CI as a band
-    (``positions``: the "positions" records of longctx.ablation.summarize)."""
+    (``positions``: the "positions" records of longctx.experiments.ablation.summarize)."""
     if positions.empty:
         raise ValueError("no held-out position records to plot")
     fig, ax = _axes(ax)
@@ -454,7 +454,7 @@ def _axes(ax):
 # ----------------------------------------------------------------------------------- CLI
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m longctx.analysis", description=__doc__.split("\n")[0]
+        prog="python -m longctx.experiments.analysis", description=__doc__.split("\n")[0]
     )
     p.add_argument("folder", nargs="?", type=Path, help="local folder holding run folders")
     p.add_argument("--wandb", default=None, help="W&B ENTITY/PROJECT (instead of a folder)")
@@ -501,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
 
 def write_summary(args: argparse.Namespace) -> list[Path]:
     """Print the arm and pair tables; write the summary JSON and the held-out band figure."""
-    from longctx.ablation import format_summary, summarize
+    from longctx.experiments.ablation import format_summary, summarize
 
     summary = summarize(args.folder, args.bootstrap, allow_mixed=args.allow_mixed)
     print(format_summary(summary))

@@ -1,4 +1,4 @@
-"""python -m longctx.eval.extension_report SWEEP: the context-extension recipe's table and figure.
+"""python -m longctx.experiments.extension_report SWEEP: the context-extension recipe's table and figure.
 
 SWEEP is the multirun folder of ``experiment=context_extension``; each arm's evaluation
 (``python -m longctx.eval <arm>/checkpoints/last.ckpt``, written to ``<arm>/eval``) gives the loss
@@ -7,7 +7,7 @@ accuracy by length. Prints a Markdown table, and each arm's paired difference fr
 ``unchanged`` arm per octave with a 95% bootstrap interval over the held-out documents (the
 same documents scored by both arms); writes both to ``--json`` and draws the per-position curves
 of every arm to ``--out``. The intervals cover document sampling only: one training seed per arm
-(see longctx.ablation for the training-noise floor of a run this size).
+(see longctx.experiments.ablation for the training-noise floor of a run this size).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from longctx.ablation import bootstrap_difference, interval
 from longctx.eval.long_documents import octave_starts
+from longctx.experiments.ablation import bootstrap_difference, interval
 
 ARM_KEY = "rope_arm="
 BASELINE = "unchanged"
@@ -138,7 +138,7 @@ def plot(arms: dict[str, pd.DataFrame], seq_len: int, out: Path, title: str) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m longctx.eval.extension_report")
+    p = argparse.ArgumentParser(prog="python -m longctx.experiments.extension_report")
     p.add_argument("sweep", type=Path, help="the multirun folder of experiment=context_extension")
     p.add_argument("--out", type=Path, default=None, help="figure (default: SWEEP/extension.png)")
     p.add_argument("--json", type=Path, default=None, help="table + notes (SWEEP/extension.json)")

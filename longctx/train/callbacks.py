@@ -11,7 +11,7 @@ them too): stopping is the main process's job.
 Under SLURM a *requeue* signal (SIGUSR1/SIGUSR2: ``sbatch --signal=USR1@90`` sent before the time
 limit, or ``scancel --signal=USR1``) also requeues the job once the checkpoint is written: rank 0
 leaves a PREEMPTED marker next to it and runs ``scontrol requeue``; the requeued job finds the
-marker and resumes (longctx.checkpoint.auto_resume_path). SIGTERM only saves and stops: SLURM
+marker and resumes (longctx.runs.checkpoints.auto_resume_path). SIGTERM only saves and stops: SLURM
 sends it on scancel, and on preemption SLURM requeues by itself when configured to.
 """
 
@@ -30,7 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from longctx.distributed.slurm import PREEMPTED_MARKER, requeue_job, under_slurm
 
 if TYPE_CHECKING:
-    from longctx.module import LongCtxModule
+    from longctx.train.module import LongCtxModule
 
 
 class SaveOnSignal(L.Callback):

@@ -24,9 +24,9 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from longctx.batch import PackedBatch, check_dense_mask_len
-from longctx.model.attention import AttentionBackend
-from longctx.model.attention_names import FLEX
-from longctx.model.context_parallel import ContextShard
+from longctx.distributed.context_parallel import ContextShard
+from longctx.model.attention.base import AttentionBackend
+from longctx.model.attention.names import FLEX
 
 FLEX_BLOCK_SIZE = 128
 

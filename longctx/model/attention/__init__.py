@@ -25,7 +25,9 @@ import torch
 from torch import Tensor
 
 from longctx.batch import PackedBatch, check_dense_mask_len
-from longctx.model.attention_names import (
+from longctx.distributed.context_parallel import ContextShard, gather_row
+from longctx.model.attention.base import AttentionBackend
+from longctx.model.attention.names import (
     ATTENTION_BACKENDS,
     AUTO,
     EAGER,
@@ -34,41 +36,6 @@ from longctx.model.attention_names import (
     SDPA,
     check_backend_name,
 )
-from longctx.model.context_parallel import ContextShard, gather_row
-
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-class AttentionBackend:
-    """One backend. ``metadata`` takes a PackedBatch or a ContextShard; ``attend`` runs a
-    whole-row batch, ``attend_row`` a shard's queries against the gathered rows' keys."""
-
-    name: str
-
-    def check(
-        self, device: torch.device, seq_len: int, *, chunks: int = 1, training: bool = False
-    ) -> None:
-        """Refuse what this backend cannot run, saying why: rows of ``seq_len`` keys on
-        ``device``, cut into ``chunks`` query chunks (context parallelism), with gradients
-        when ``training``. The model checks at every forward; the app's preflight asks too."""
-
-    def check_device(self, device: torch.device) -> None:
-        """Refuse a device this backend cannot run on (resolve_backend asks first)."""
-
-    def check_dtype(self, dtype: torch.dtype) -> None:
-        if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"attention got dtype {dtype}; expected one of {FLOAT_DTYPES}")
-
-    def metadata(self, batch: PackedBatch):
-        raise NotImplementedError
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, data) -> Tensor:
-        raise NotImplementedError
-
-    def attend_row(
-        self, q: Tensor, k: Tensor, v: Tensor, k_row: Tensor, v_row: Tensor, data
-    ) -> Tensor:
-        raise NotImplementedError
 
 
 class EagerBackend(AttentionBackend):
@@ -106,9 +73,9 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, dense_mask_B1LL: Tensor) ->
 def backends() -> dict[str, AttentionBackend]:
     """The one registry: backend name -> its object (the backend modules subclass this module's
     AttentionBackend, so they are imported on first use)."""
-    from longctx.model.attention_flash import FlashBackend
-    from longctx.model.attention_flex import FlexBackend
-    from longctx.model.attention_sdpa import SdpaBackend
+    from longctx.model.attention.flash import FlashBackend
+    from longctx.model.attention.flex import FlexBackend
+    from longctx.model.attention.sdpa import SdpaBackend
 
     registry = {b.name: b for b in (FlashBackend(), FlexBackend(), SdpaBackend(), EagerBackend())}
     assert tuple(registry) == ATTENTION_BACKENDS
@@ -134,7 +101,7 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
     check_backend_name(name)
     if name == AUTO:
         if device.type == "cuda":
-            from longctx.model.attention_flash import flash_attn_importable
+            from longctx.model.attention.flash import flash_attn_importable
 
             return FLASH if flash_attn_importable() else FLEX
         return SDPA
