@@ -25,6 +25,7 @@ documents only) over peak x MFU, plus FSDP2's parameter traffic where it outlast
 from __future__ import annotations
 
 import dataclasses
+import math
 import resource
 from dataclasses import dataclass
 
@@ -52,6 +53,43 @@ class PlanError(ValueError):
     """A planning input that is missing or cannot work; the message names the key to set."""
 
 
+def require_positive(name: str, value, setting: str) -> None:
+    """A finite positive number, or a PlanError naming the setting it comes from."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise PlanError(f"{setting}={value!r}: the {name}; expected a finite positive number")
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """The ``planner`` config group: what a dry run plans for (see conf/train.yaml)."""
+
+    device: str | None = None
+    mfu: float = DEFAULT_MFU
+    intra_node_gb_per_s: float = INTRA_NODE_BYTES_PER_S / 1e9
+    inter_node_gb_per_s: float = INTER_NODE_BYTES_PER_S / 1e9
+
+    def __post_init__(self) -> None:
+        if self.device is not None and not isinstance(self.device, str):
+            raise PlanError(f"planner.device={self.device!r}; expected an accelerator name or null")
+        require_positive("model FLOPs utilisation", self.mfu, "planner.mfu")
+        if self.mfu > 1:
+            raise PlanError(f"planner.mfu={self.mfu}; expected a fraction in (0, 1]")
+        for key in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
+            require_positive("collective bandwidth per GPU", getattr(self, key), f"planner.{key}")
+
+    @classmethod
+    def from_dict(cls, settings: dict) -> PlannerSettings:
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise PlanError(
+                f"planner.{unknown[0]}: unknown planner setting{'s' if len(unknown) > 1 else ''} "
+                f"{unknown}; expected one of {known}"
+            )
+        return cls(**settings)
+
+
 @dataclass(frozen=True)
 class Device:
     name: str
@@ -61,6 +99,16 @@ class Device:
     baseline_note: str
     intra_node_bytes_per_s: float = INTRA_NODE_BYTES_PER_S
     inter_node_bytes_per_s: float = INTER_NODE_BYTES_PER_S
+
+    def __post_init__(self) -> None:
+        require_positive("device memory", self.memory_bytes, "trainer.device_memory_gb")
+        if self.peak_flops is not None:
+            require_positive("peak FLOP/s", self.peak_flops, "peak_flops_per_device")
+        for name, setting in (
+            ("intra_node_bytes_per_s", "planner.intra_node_gb_per_s"),
+            ("inter_node_bytes_per_s", "planner.inter_node_gb_per_s"),
+        ):
+            require_positive("collective bandwidth per GPU (bytes/s)", getattr(self, name), setting)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError
 
 from longctx import planner
+from longctx.cli import exit_on_user_error
 from longctx.distributed.context_parallel import check_context_parallel
 from longctx.distributed.slurm import (
     PREEMPTED_MARKER,
@@ -59,8 +60,12 @@ from longctx.runs.identity import (
     check_resume,
     run_identity,
 )
+from longctx.train import console
 from longctx.train.cpu_memory import retain_freed_memory
+from longctx.train.init_from import InitFromError
 from longctx.train.loggers import make_loggers
+from longctx.train.nonfinite import NonFiniteStep
+from longctx.train.options import check_finite, check_planner, init_from_note, unreached_stages
 
 
 class ConfigError(ValueError):
@@ -265,6 +270,13 @@ def instantiate_config(group: str, node: DictConfig):
 def preflight(
     cfg: DictConfig, model_config, data_config, context_parallel: int, rounds: int
 ) -> torch.device:
+    try:
+        check_finite(cfg)
+        check_planner(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    for warning in unreached_stages(data_config.stages, cfg.trainer.get("max_steps")):
+        print(warning, flush=True)
     device = training_device(cfg.trainer)
     if not cfg.dry_run:  # a dry run plans for the target machine, maybe not this one
         check_devices(cfg.trainer, device)
@@ -416,6 +428,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     from longctx.eval.baselines import unigram_baseline
     from longctx.train.module import LongCtxModule
 
+    console.quiet_lightning()
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
     composed = copy.deepcopy(cfg)  # the planner reads longctx's own trainer keys, popped here
@@ -457,19 +470,22 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         context_parallel=context_parallel,
         context_parallel_rounds=context_parallel_rounds,
         allow_global_batch_change=cfg.optim.allow_global_batch_change,
+        skip_nonfinite=cfg.optim.get("skip_nonfinite", 0),
     )
     resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data")}
     record = RunRecord(identity, resolved)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=make_loggers(cfg, output_dir) or False,
-        callbacks=[*build_callbacks(cfg), record],
+        callbacks=[*build_callbacks(cfg), record, *console.callbacks(cfg.trainer)],
         # under SLURM: Lightning's environment without its auto-requeue (SaveOnSignal requeues)
         plugins=[AtomicCheckpointIO(), *slurm_plugins()],
     )
     ckpt_path = None
     if resume is not None:
         print(f"{resume.note} at step {resume.step}", flush=True)
+        if note := init_from_note(getattr(model_config, "init_from", None), str(resume.path)):
+            print(note, flush=True)
         ckpt_path, resume = resume.path, None  # drop the mapped contents before loading
     # weights_only: a checkpoint is data; a crafted pickle in one must not run code
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
@@ -486,6 +502,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
             f"val/loss {metrics['val/loss']:.4f} nats/token, unigram baseline "
             f"{metrics['unigram_baseline']:.4f}"
         )
+    console.print_run_summary(trainer, output_dir)
     return metrics
 
 
@@ -574,6 +591,8 @@ def main(cfg: DictConfig) -> float | None:
     except SweepStopped as err:
         print(f"longctx: {err}", file=sys.stderr, flush=True)
         raise SystemExit(0) from err  # a stop exits 0, as a single run's does
+    except (NonFiniteStep, InitFromError) as err:  # found once training began: one line too
+        exit_on_user_error(err)
     finally:
         teardown()
     return metrics.get("val/loss")
