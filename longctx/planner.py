@@ -47,6 +47,12 @@ INTER_NODE_BYTES_PER_S = 45e9
 DEFAULT_MFU = 0.40
 # fp32 weights (the optimizer's master copy), fp32 gradients, AdamW's two fp32 moments
 WEIGHT_BYTES, GRADIENT_BYTES, ADAMW_BYTES = 4, 4, 8
+# glibc's heap as train.py runs on CPU (longctx.train.cpu_memory.retain_freed_memory): freed
+# blocks stay mapped for the next step, and their fragments leave the heap larger than the
+# tensors alive at once. Measured on train.py's own path (one step of the tiny model, peak RSS
+# against this plan; benchmarks/bench_train_rss.py, results/train_rss.json), the excess is about
+# this fraction of the activations' and working sets' peak: an allowance, not a model of malloc
+CPU_HEAP_RETENTION = 0.30
 
 
 class PlanError(ValueError):
@@ -99,9 +105,14 @@ class Device:
     baseline_note: str
     intra_node_bytes_per_s: float = INTRA_NODE_BYTES_PER_S
     inter_node_bytes_per_s: float = INTER_NODE_BYTES_PER_S
+    # the allocator's excess over the tensors alive at once, as a fraction of their peak
+    # (CPU_HEAP_RETENTION for train.py on CPU; 0 where a caching allocator reuses exactly)
+    heap_retention: float = 0.0
 
     def __post_init__(self) -> None:
         require_positive("device memory", self.memory_bytes, "trainer.device_memory_gb")
+        if not (math.isfinite(self.heap_retention) and self.heap_retention >= 0):
+            raise PlanError(f"heap_retention={self.heap_retention!r}; expected a fraction >= 0")
         if self.peak_flops is not None:
             require_positive("peak FLOP/s", self.peak_flops, "peak_flops_per_device")
         for name, setting in (
@@ -199,10 +210,7 @@ class Plan:
     @property
     def total_bytes(self) -> int:
         """Held terms plus the largest phase's transient terms: the peak."""
-        held = sum(t.bytes for t in self.terms if not t.phases)
-        phases = {p for t in self.terms for p in t.phases}
-        peaks = [sum(t.bytes for t in self.terms if p in t.phases) for p in phases]
-        return held + max(peaks, default=0)
+        return peak_bytes(self.terms)
 
     @property
     def fits(self) -> bool:
@@ -211,6 +219,13 @@ class Plan:
     @property
     def largest(self) -> Term:
         return max(self.terms, key=lambda t: t.bytes)
+
+
+def peak_bytes(terms) -> int:
+    """Held terms plus the largest backward phase's transient terms."""
+    held = sum(t.bytes for t in terms if not t.phases)
+    phases = {p for t in terms for p in t.phases}
+    return held + max((sum(t.bytes for t in terms if p in t.phases) for p in phases), default=0)
 
 
 # --------------------------------------------------------------------------- memory terms
@@ -392,7 +407,29 @@ def root_params(config: LlamaConfig) -> int:
 
 
 def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Term]:
-    terms = parameter_terms(config, layout) + activation_terms(config, layout)
+    parameters = parameter_terms(config, layout)
+    terms = step_tensor_terms(config, layout)
+    retained = retained_heap_term(terms, device)
+    runtime = Term("runtime baseline", device.baseline_bytes, device.baseline_note)
+    return parameters + terms + ([retained] if retained else []) + [runtime]
+
+
+def retained_heap_term(step_terms: list[Term], device: Device) -> Term | None:
+    """The allocator's excess over a step's tensors: ``heap_retention`` x their peak, held
+    (the heap keeps it for the rest of the run)."""
+    if not device.heap_retention:
+        return None
+    return Term(
+        "retained heap (glibc, freed blocks kept)",
+        int(device.heap_retention * peak_bytes(step_terms)),
+        f"{device.heap_retention:.2f} x the step tensors' peak, measured on train.py",
+    )
+
+
+def step_tensor_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
+    """What one step allocates beyond the parameters and optimizer state: activations, the
+    backward working sets, the loss buffers, eager's mask and context parallelism's K/V."""
+    terms = activation_terms(config, layout)
     terms += [
         Term(
             "feed-forward backward working set",
@@ -417,9 +454,7 @@ def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Te
     if layout.attn_backend == "eager":
         mask = layout.tokens_per_rank * layout.seq_len  # [B, L/CP, L] bool
         terms.append(Term("dense L x L mask (eager)", mask, "bool"))
-    terms += gathered_kv_terms(config, layout)
-    terms.append(Term("runtime baseline", device.baseline_bytes, device.baseline_note))
-    return terms
+    return terms + gathered_kv_terms(config, layout)
 
 
 # --------------------------------------------------------------------------- step time

@@ -291,3 +291,32 @@ def test_a_nan_step_is_skipped_then_a_second_stops_the_run_keeping_the_checkpoin
         assert torch.isfinite(tensor).all() and torch.equal(tensor, step2["state_dict"][name])
     assert last["longctx"]["nonfinite_skipped"] == 1
     assert steps_of(read_metrics(checkpoints.parent), "train/loss") == [1, 2, 3]
+
+
+# ------------------------------------------------------------------ the CPU capacity plan
+def test_the_cpu_plan_adds_the_retained_heap_of_train_py(tmp_path):
+    """train.py keeps freed heap blocks on CPU, and its peak RSS exceeds the tensors alive at
+    once by about CPU_HEAP_RETENTION x their peak (benchmarks/bench_train_rss.py): the CPU plan
+    holds that allowance, a GPU plan does not."""
+    import dataclasses
+
+    from longctx.train.app import planner_device
+
+    config, layout = LlamaConfig.from_name("tiny"), planner.Layout(seq_len=16384)
+    exact = planner.Device("cpu", 24 * 10**9, None, 400 * 2**20, "measured")
+    retaining = dataclasses.replace(exact, heap_retention=0.3)
+    tensors = planner.peak_bytes(planner.step_tensor_terms(config, layout))
+    without, with_heap = (
+        planner.plan(config, layout, exact),
+        planner.plan(config, layout, retaining),
+    )
+    assert with_heap.total_bytes - without.total_bytes == int(0.3 * tensors)
+    assert "retained heap (glibc, freed blocks kept)" in {t.name for t in with_heap.terms}
+    assert "retained heap (glibc, freed blocks kept)" not in {t.name for t in without.terms}
+    with pytest.raises(planner.PlanError, match="heap_retention=nan"):
+        dataclasses.replace(exact, heap_retention=float("nan"))
+
+    cpu = planner_device(compose(FAST, output_dir=tmp_path), torch.device("cpu"))
+    assert cpu.heap_retention == planner.CPU_HEAP_RETENTION > 0
+    gpu = planner_device(compose([*FAST, "planner.device=H100"]), torch.device("cuda"))
+    assert gpu.heap_retention == 0
