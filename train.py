@@ -7,10 +7,15 @@ Examples:
     python train.py ckpt_path=last                      # resume the most recent run
 """
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from longctx.train.app import main, register_resolvers
+from longctx.cli import exit_on_user_error
+from longctx.train.app import main
+from longctx.train.preflight import ConfigError, check_moved_overrides
+from longctx.train.resolvers import register_resolvers
 
 register_resolvers()
 
@@ -21,4 +26,8 @@ def train(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    try:
+        check_moved_overrides(sys.argv[1:])
+    except ConfigError as err:
+        exit_on_user_error(err)
     train()

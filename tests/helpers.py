@@ -29,7 +29,7 @@ def compose(overrides: list[str], output_dir: Path | None = None):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from longctx.train.app import register_resolvers
+    from longctx.train.resolvers import register_resolvers
 
     register_resolvers()
     extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -35,10 +36,12 @@ from longctx.distributed.context_parallel import (
     gather_row,
     lower_right_causal_attention,
 )
+from longctx.distributed.layout import ParallelConfig
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import attention, attention_over_row, build_attention_metadata
 from longctx.model.attention.flash import context_key_spans
-from longctx.train.app import ConfigError, check_backend, preflight_context_parallel, run
+from longctx.train.app import run
+from longctx.train.preflight import ConfigError, check_backend, check_parallel
 
 H, HKV, D = 4, 2, 16
 L = 96
@@ -291,7 +294,7 @@ CP_RUN = [
     "callbacks.checkpoint.every_n_train_steps=3",
     "callbacks.checkpoint.save_top_k=-1",
 ]
-CP2 = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.context_parallel=2"]
+CP2 = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "parallel.context_parallel=2"]
 
 
 def assert_same_training(run_dir: Path, reference: Path, first_step: int = 0) -> None:
@@ -332,7 +335,7 @@ def test_context_parallel_training_equals_one_rank_and_resumes_across_sizes(tmp_
         step3_checkpoint(runs / "cp1", tmp_path),
         step3_checkpoint(runs / "cp2", tmp_path),
     )
-    rounds = "trainer.context_parallel_rounds=4"  # and interleaved chunks, for good measure
+    rounds = "parallel.context_parallel_rounds=4"  # and interleaved chunks, for good measure
     run_train([*CP_RUN, *CP2, rounds, "run_name=up", f"ckpt_path={cp1_mid}"], tmp_path)
     run_train([*CP_RUN, "run_name=down", f"ckpt_path={cp2_mid}"], tmp_path)
     assert_same_training(runs / "up", runs / "cp1", first_step=3)
@@ -344,20 +347,20 @@ def test_context_parallel_under_fsdp2_trains_like_one_process(tmp_path):
     runs = tmp_path / "outputs" / "train"
     run_train([*CP_RUN, "run_name=cp1"], tmp_path)
     fsdp = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]
-    run_train([*CP_RUN, *fsdp, "trainer.context_parallel=2", "run_name=fsdp_cp2"], tmp_path)
+    run_train([*CP_RUN, *fsdp, "parallel.context_parallel=2", "run_name=fsdp_cp2"], tmp_path)
     assert_same_training(runs / "fsdp_cp2", runs / "cp1")
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["trainer.context_parallel=2"], "context_parallel=2 must divide the world size 1"),
-        ([*CP2, "trainer.context_parallel=3"], "context_parallel=3 must divide the world size 2"),
+        (["parallel.context_parallel=2"], "context_parallel=2 must divide the world size 1"),
+        ([*CP2, "parallel.context_parallel=3"], "context_parallel=3 must divide the world size 2"),
         ([*CP2, "data.seq_len=250"], "L=250 tokens cannot be split over context parallel size 2"),
-        (["trainer.context_parallel=0"], "trainer.context_parallel=0, "),
+        (["parallel.context_parallel=0"], "parallel.context_parallel=0; expected an integer >= 1"),
         (
-            [*CP2, "trainer.context_parallel_rounds=3"],
-            "trainer.context_parallel_rounds=3: a row of L=256 tokens cannot be split over "
+            [*CP2, "parallel.context_parallel_rounds=3"],
+            "parallel.context_parallel_rounds=3: a row of L=256 tokens cannot be split over "
             "context parallel size 2 in 3 round(s): L must be a multiple of 2*size*rounds=12",
         ),
     ],
@@ -369,10 +372,13 @@ def test_bad_context_parallel_config_stops_before_training(overrides, message, t
     assert not (tmp_path / "checkpoints").exists()
 
 
+HF_LIKE_SPEC = types.SimpleNamespace(supports_context_parallel=False)
+
+
 def test_context_parallel_refuses_models_and_flex_shapes_it_cannot_split():
     trainer = OmegaConf.create({"devices": 4, "num_nodes": 1})
     with pytest.raises(ConfigError, match="only longctx's Llama"):
-        preflight_context_parallel(trainer, lambda: None, 256, 2, 1)
+        check_parallel(trainer, HF_LIKE_SPEC, 256, ParallelConfig(context_parallel=2))
     flex = tiny_config(attn_backend="flex", max_seq_len=512)
     cuda = torch.device("cuda")  # nothing runs on it
     with pytest.raises(ConfigError, match=r"L=256 to be a multiple of 4 chunk\(s\) x 128 = 512"):

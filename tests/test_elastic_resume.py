@@ -113,7 +113,7 @@ def test_fsdp2_sharded_checkpoint_resumes_on_one_rank(tmp_path):
 def test_context_parallel_2_resumes_as_data_parallel_2(tmp_path):
     """2 processes splitting each row (1 data-parallel rank, accumulation 2) resume as 2
     data-parallel ranks (accumulation 1)."""
-    cp2, _ = train(tmp_path, "cp2", *DDP2, "trainer.context_parallel=2", ACCUMULATE_2)
+    cp2, _ = train(tmp_path, "cp2", *DDP2, "parallel.context_parallel=2", ACCUMULATE_2)
     dp2, _ = train(tmp_path, "dp2", *DDP2, resume=step2_checkpoint(cp2, tmp_path))
     assert_same_parameters(dp2, cp2)
     assert_position(

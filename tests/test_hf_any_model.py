@@ -286,7 +286,7 @@ def test_bad_paths_and_options(tmp_path):
 # ------------------------------------------------------------------ the app: model=hf
 def test_spec_answers_preflight_from_config_alone(tmp_path):
     spec = HFModelSpec(path=save_family("qwen2", tmp_path), attn_backend="sdpa")
-    model = spec()
+    model = spec.build()
     assert isinstance(model, HFCausalLM)
     assert spec.num_params() == sum(p.numel() for p in model.parameters())
     assert spec.vocab_size == VOCAB and spec.max_seq_len == 32768

@@ -266,7 +266,7 @@ def test_issue_command_fsdp_context_parallel_then_a_next_stage(tmp_path):
     proc = run_train(
         [*FAST, *TINY_8B, f"model.init_from={hf}", "model.rope_theta=8e6", "data.seq_len=256",
          "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
-         "trainer.context_parallel=2", *save, "run_name=stage1"],
+         "parallel.context_parallel=2", *save, "run_name=stage1"],
         tmp_path,
     )  # fmt: skip
     assert "trained with rope_theta=500000.0" in proc.stdout, proc.stdout[-2000:]

@@ -185,7 +185,7 @@ def test_step_time_counts_in_document_attention_and_kv_traffic():
 
 
 def test_unknown_device_asks_for_the_keys_by_name():
-    with pytest.raises(PlanError, match="trainer.device_memory_gb and peak_flops_per_device"):
+    with pytest.raises(PlanError, match="planner.device_memory_gb and peak_flops_per_device"):
         planner.known_device("TPU v5")
     no_peak = dataclasses.replace(H100, peak_flops=None)
     with pytest.raises(PlanError, match="peak_flops_per_device"):
@@ -202,7 +202,7 @@ def test_dry_run_prints_the_plan_and_allocates_nothing(tmp_path, capsys):
         "trainer=fsdp",
         "trainer.num_nodes=4",
         "trainer.devices=8",
-        "trainer.context_parallel=4",
+        "parallel.context_parallel=4",
         "planner.device=H100",
         "dry_run=true",
     ]
@@ -219,11 +219,11 @@ def test_dry_run_prints_the_plan_and_allocates_nothing(tmp_path, capsys):
 @pytest.mark.parametrize(
     "overrides, names",
     [
-        (["trainer.accelerator=gpu"], "trainer.device_memory_gb"),
-        (["trainer.accelerator=gpu", "trainer.device_memory_gb=80"], "peak_flops_per_device"),
-        (["planner.device=TPU"], "trainer.device_memory_gb and peak_flops_per_device"),
-        (["trainer.devices=2", "trainer.context_parallel=4"], "must divide the world size"),
-        (["trainer.devices=2", "trainer.context_parallel=2", "data.seq_len=250"], "multiple"),
+        (["trainer.accelerator=gpu"], "planner.device_memory_gb"),
+        (["trainer.accelerator=gpu", "planner.device_memory_gb=80"], "peak_flops_per_device"),
+        (["planner.device=TPU"], "planner.device_memory_gb and peak_flops_per_device"),
+        (["trainer.devices=2", "parallel.context_parallel=4"], "must divide the world size"),
+        (["trainer.devices=2", "parallel.context_parallel=2", "data.seq_len=250"], "multiple"),
     ],
 )
 def test_dry_run_bad_input_names_the_key(overrides, names, tmp_path):

@@ -199,7 +199,7 @@ def test_model_hf_takes_rope_settings_through_config_overrides(kind, folder):
     with torch.no_grad():
         # transformers rounds RoPE angles in fp32, ours are exact: rounding apart, relative to
         # the logits' magnitude
-        assert_close_scaled(spec().eval()(batch), ours.eval()(batch), rel=2e-5)
+        assert_close_scaled(spec.build().eval()(batch), ours.eval()(batch), rel=2e-5)
 
 
 def test_model_hf_rope_theta_alone_keeps_the_checkpoint_scaling(folder):
@@ -207,7 +207,7 @@ def test_model_hf_rope_theta_alone_keeps_the_checkpoint_scaling(folder):
     assert spec.hf_config.rope_parameters["rope_type"] == "yarn"
     assert spec.hf_config.rope_parameters["rope_theta"] == 1e6
     assert (
-        spec().hf_model.model.rotary_emb.inv_freq[-1]
+        spec.build().hf_model.model.rotary_emb.inv_freq[-1]
         != hf_model("yarn").model.rotary_emb.inv_freq[-1]
     )
 

@@ -223,7 +223,7 @@ def test_two_node_fsdp_through_sbatch_equals_one_process(tmp_path, one_process_r
 @on_slurm
 def test_context_parallel_group_across_two_nodes_equals_one_process(tmp_path, one_process_run):
     """Both ranks split every row: the CP group is {0 on n1, 1 on n2}, no data parallelism."""
-    cp = ["trainer=ddp", *TWO_NODES, "trainer.context_parallel=2", *ONE_PROCESS]
+    cp = ["trainer=ddp", *TWO_NODES, "parallel.context_parallel=2", *ONE_PROCESS]
     run_train([*LAUNCHER, *STEPS, *cp], tmp_path, timeout=400)  # later overrides win
     sweep = tmp_path / "multirun"
     logs = submitit_logs(sweep)
@@ -415,7 +415,7 @@ def test_auto_resume_only_after_preemption_or_restart(tmp_path, monkeypatch):
 
 
 def test_run_folder_is_stable_inside_a_slurm_job(tmp_path, monkeypatch):
-    from longctx.train.app import run_dir
+    from longctx.train.resolvers import run_dir
 
     for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -465,7 +465,7 @@ def test_launcher_config_composes(tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from longctx.train.app import register_resolvers
+    from longctx.train.resolvers import register_resolvers
 
     register_resolvers()
     overrides = ["hydra/launcher=slurm", "trainer=ddp", "trainer.num_nodes=1", "trainer.devices=8"]
@@ -546,10 +546,10 @@ def test_context_parallel_not_dividing_the_nodes_is_named(tmp_path):
     from longctx.train.app import ConfigError, run
 
     overrides = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=1",
-                 "trainer.num_nodes=2", "trainer.context_parallel=4"]  # fmt: skip
+                 "trainer.num_nodes=2", "parallel.context_parallel=4"]  # fmt: skip
     cfg = compose([*FAST, *overrides], output_dir=tmp_path)
     with pytest.raises(ConfigError, match=re.escape(
-        "trainer.context_parallel=4, trainer.context_parallel_rounds=1: context_parallel=4 "
+        "parallel.context_parallel=4, parallel.context_parallel_rounds=1: context_parallel=4 "
         "must divide the world size 2 (processes x nodes)")):  # fmt: skip
         run(cfg)
 

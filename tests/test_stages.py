@@ -7,7 +7,6 @@ import logging
 import numpy as np
 import pytest
 from helpers import compose
-from omegaconf import open_dict
 from test_datamodule import module, small_corpus, take
 
 from longctx.data import DataConfig, LongCtxDataModule, ShardSet
@@ -20,7 +19,7 @@ from longctx.data.streams import (
     slot_probabilities,
     upsampled_slots,
 )
-from longctx.train.app import ConfigError, pop_context_parallel, preflight
+from longctx.train.preflight import ConfigError, preflight
 
 # stage 0: 3 steps of 4 x 16; stage 1: steps 3-4 of 2 x 32; then 2 x 64 (data.seq_len)
 STAGED = dict(
@@ -124,11 +123,8 @@ def preflight_of(overrides: list[str], tmp_path):
     cfg = compose(["dry_run=true", *overrides], output_dir=tmp_path)
     from hydra.utils import instantiate
 
-    with open_dict(cfg):
-        context_parallel, rounds = pop_context_parallel(cfg)
-        return preflight(
-            cfg, instantiate(cfg.model), instantiate(cfg.data), context_parallel, rounds
-        )
+    parallel = instantiate(cfg.parallel)
+    return preflight(cfg, instantiate(cfg.model), instantiate(cfg.data), parallel)
 
 
 def test_stage_lengths_are_checked_before_training(tmp_path):
@@ -138,8 +134,8 @@ def test_stage_lengths_are_checked_before_training(tmp_path):
         preflight_of([stage, "data.seq_len=256", "+model.max_seq_len=256"], tmp_path)
     odd = "data.stages=[{until_step:2,seq_len:102,micro_batch_size:1}]"
     with pytest.raises(ConfigError, match=r"data.stages\[0\].seq_len=102, "
-                       r"trainer.context_parallel=2, trainer.context_parallel_rounds=1: "):  # fmt: skip
-        preflight_of([odd, "trainer.context_parallel=2", "trainer.devices=2"], tmp_path)
+                       r"parallel.context_parallel=2, parallel.context_parallel_rounds=1: "):  # fmt: skip
+        preflight_of([odd, "parallel.context_parallel=2", "trainer.devices=2"], tmp_path)
     preflight_of([stage, "data.seq_len=1024"], tmp_path)  # fits: no error
 
 

@@ -25,11 +25,12 @@ from helpers import (
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from longctx.distributed.layout import ParallelConfig
 from longctx.experiments.ablation import summarize
 from longctx.experiments.analysis import wandb_file_tables
 from longctx.experiments.arms import arm_description
 from longctx.model import Llama, LlamaConfig
-from longctx.train.app import ConfigError, pop_context_parallel, run
+from longctx.train.app import ConfigError, run
 
 CONF = ROOT / "conf"
 GOLDEN = ROOT / "tests" / "assets" / "golden_tiny_loss.json"
@@ -75,7 +76,7 @@ def test_instantiate_each_model_preset(preset, tmp_path):
     with torch.device("meta"):  # 8B and 1B only ever on the meta device here
         model = Llama(config)
     assert sum(p.numel() for p in model.parameters()) == config.num_params()
-    assert pop_context_parallel(cfg) == (1, 1)  # longctx's keys, not lightning.Trainer's
+    assert instantiate(cfg.parallel) == ParallelConfig()  # trainer: is Lightning's keys only
     trainer = instantiate(cfg.trainer, logger=False, callbacks=[])
     assert trainer.max_steps == cfg.trainer.max_steps
 
