@@ -80,3 +80,22 @@ def assert_close_scaled(actual, expected, rel: float = 1e-5, msg: str | None = N
     scale = float(expected.abs().max()) if expected.numel() else 0.0
     atol = rel * scale if scale > 0 else 0.0
     torch.testing.assert_close(actual, expected, rtol=0, atol=atol, msg=msg)
+
+
+def write_run_record(run: Path, data: dict, group: str | None = None, seed: int = 0) -> Path:
+    """A run folder as train.py leaves it for readers of its record: checkpoints/last.ckpt
+    holding the run's config record (no weights: nothing here reads them)."""
+    import torch
+
+    from longctx.runs.folder import last_checkpoint
+    from longctx.runs.record import CHECKPOINT_KEY
+
+    config = {
+        "model": {"_target_": "longctx.model.LlamaConfig.from_name", "name": "tiny"},
+        "data": {"_target_": "longctx.data.DataConfig", **data},
+        "run": {"group": group, "seed": seed, "tags": []},
+    }
+    path = last_checkpoint(run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {}, CHECKPOINT_KEY: {"identity": {}, "config": config}}, path)
+    return run

@@ -4,15 +4,11 @@ known answer; the analysis CLI's summary; the held-out W&B table written offline
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import write_run_record
 
 from longctx.experiments import ablation as S
 from longctx.experiments import analysis as A
@@ -29,11 +25,8 @@ def write_arm(root, reset, mask, losses, seed=0, group="position_ablation", seq_
               packer="best_fit", steps=(10, 20)):  # fmt: skip
     """A run folder as train.py leaves it, with eval/held_out_documents.csv (two validations)."""
     run = root / f"reset={reset},mask={mask},packer={packer},seed={seed}"
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "config.yaml").write_text(
-        f"group: {group}\nseed: {seed}\ndata:\n  reset_position_ids: {str(reset).lower()}\n"
-        f"  document_mask: {str(mask).lower()}\n  packer: {packer}\n  seq_len: {seq_len}\n"
-    )
+    data = dict(reset_position_ids=reset, document_mask=mask, packer=packer, seq_len=seq_len)
+    write_run_record(run, data, group=group, seed=seed)
     rows = []
     for step in steps:  # only the last validation counts; the first is deliberately off
         offset = 0.0 if step == max(steps) else 5.0
@@ -202,33 +195,3 @@ def test_cli_prints_the_tables_and_writes_summary_and_bands(tmp_path, capsys):
     assert len(summary["arms"]) == 4 and len(summary["pairs"]) == 6
     out = capsys.readouterr().out
     assert "| arm | seeds | held-out loss [95% CI] |" in out and "unmasked, reset pos" in out
-
-
-WANDB_TABLE_SCRIPT = textwrap.dedent(
-    """
-    import sys, wandb
-    from longctx.eval.callbacks import position_curve
-    run = wandb.init(project="longctx", mode="offline", dir=sys.argv[1])
-    for step in (5, 10):
-        records = [{"doc": d, "bucket_start": b, "tokens": 2, "loss_sum": step + b + d}
-                   for d in (0, 1) for b in (0, 1, 2)]
-        table = wandb.Table(columns=["bucket_start", "loss", "tokens"], data=position_curve(records))
-        run.log({"val/held_out_position_loss": table, "trainer/global_step": step})
-    run.finish()
-    """
-)
-
-
-@pytest.mark.slow
-def test_held_out_table_is_written_offline_and_read_back(tmp_path):
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    args = [sys.executable, "-c", WANDB_TABLE_SCRIPT, str(tmp_path)]
-    subprocess.run(args, check=True, env=env, timeout=300, capture_output=True)
-    (run_file,) = Path(tmp_path).rglob("offline-run-*/run-*.wandb")
-    tables = A.wandb_file_tables(run_file, "val/held_out_position_loss")
-    assert [step for step, _ in tables] == [5, 10]
-    step, table = tables[1]
-    assert list(table.columns) == ["bucket_start", "loss", "tokens"]
-    # bucket b: docs 0 and 1 with loss sums (10 + b) and (11 + b) over 2 tokens each
-    assert table["loss"].tolist() == pytest.approx([(21 + 2 * b) / 4 for b in (0, 1, 2)])
-    assert table["tokens"].tolist() == [4, 4, 4]

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import write_run_record
 
 from longctx.experiments import analysis as A
 
@@ -18,15 +15,11 @@ VARIANTS = [(True, True), (False, True), (True, False), (False, False)]
 
 
 def write_run(root: Path, reset: bool, mask: bool) -> Path:
-    """A run folder as train.py leaves it: .hydra/config.yaml (+ logs written by the caller)."""
+    """A run folder as train.py leaves it: its checkpoint's record (+ logs written by the
+    caller)."""
     run = root / f"data.document_mask={mask},data.reset_position_ids={reset}"
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "config.yaml").write_text(
-        "group: position_ablation\nseed: 0\n"
-        f"data:\n  reset_position_ids: {str(reset).lower()}\n  document_mask: {str(mask).lower()}\n"
-        "  cache_dir: ${paths.cache_dir}\n"
-    )
-    return run
+    data = {"reset_position_ids": reset, "document_mask": mask}
+    return write_run_record(run, data, group="position_ablation")
 
 
 def fake_loss(reset: bool, mask: bool, step: int) -> float:
@@ -68,58 +61,9 @@ def test_loader_errors_name_the_problem(tmp_path):
         A.load_local(tmp_path)
     write_run(tmp_path, True, True)
     with pytest.raises(FileNotFoundError, match="csv/metrics.csv"):
-        A.load_local(tmp_path, source="csv")
-    with pytest.raises(ValueError, match="source='tensorboard'"):
-        A.load_local(tmp_path, source="tensorboard")
+        A.load_local(tmp_path)
     with pytest.raises(ValueError, match="document_mask=None"):
         A.tidy_frame([], "r", None, {"reset_position_ids": True})
-
-
-# ---------------------------------------------------------------- offline W&B run files
-WANDB_SCRIPT = textwrap.dedent(
-    """
-    import sys, wandb
-    out, reset, mask = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
-    run = wandb.init(project="longctx", group="position_ablation", mode="offline", dir=out,
-                     config={"data": {"reset_position_ids": reset, "document_mask": mask}})
-    for step in range(400):  # > 32 KiB of records: spans blocks and splits records
-        run.log({"trainer/global_step": step, "train/loss": 5.0 - step / 100 + reset,
-                 "train/note": "x" * 120, "epoch": 0})
-    run.log({"trainer/global_step": 399, "val/loss_by_doc_pos/4": 2.5,
-             "table": wandb.Table(columns=["a"], data=[[1]])})
-    run.finish()
-    """
-)
-
-
-@pytest.fixture(scope="module")
-def wandb_runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wandb_runs")
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    for reset, mask in [(True, True), (False, False)]:
-        run = write_run(root, reset, mask)
-        args = [sys.executable, "-c", WANDB_SCRIPT, str(run), str(int(reset)), str(int(mask))]
-        subprocess.run(args, check=True, env=env, timeout=300, capture_output=True)
-    return root
-
-
-@pytest.mark.slow
-def test_offline_wandb_runs_load(wandb_runs):
-    files = sorted(wandb_runs.rglob("*.wandb"))
-    assert len(files) == 2 and all(f.stat().st_size > 32 * 1024 for f in files)
-    frame = A.load_local(wandb_runs, source="wandb")
-    loss = frame[(frame.metric == "train/loss") & frame.reset_position_ids]
-    assert loss["step"].tolist() == list(range(400))
-    assert loss["value"].to_numpy() == pytest.approx(5.0 - np.arange(400) / 100 + 1)
-    assert set(frame["metric"]) == {"train/loss", "epoch", "val/loss_by_doc_pos/4"}
-    config = A.wandb_file_config(files[0])
-    assert set(config["data"]) == {"reset_position_ids", "document_mask"}
-
-
-def test_not_a_wandb_file(tmp_path):
-    (tmp_path / "x.wandb").write_bytes(b"hello world")
-    with pytest.raises(ValueError, match="not a W&B run file"):
-        list(A.wandb_file_records(tmp_path / "x.wandb"))
 
 
 # ------------------------------------------------------------------------ W&B public API
@@ -206,5 +150,19 @@ def test_cli_writes_the_figure_and_needs_held_out_losses_for_the_verdicts(csv_ru
     with pytest.raises(FileNotFoundError, match="has no held-out document losses"):
         A.main([str(csv_runs), "--out", str(tmp_path / "a.png")])
     assert (tmp_path / "a.png").is_file()  # the curves are drawn before the verdicts are refused
-    with pytest.raises(SystemExit, match="either a local FOLDER"):
+    with pytest.raises(ValueError, match="either a local FOLDER"):
         A.main([])
+
+
+def test_runs_without_validation_are_named(tmp_path, capsys):
+    run = write_run(tmp_path, True, True)
+    (run / "csv").mkdir()
+    pd.DataFrame([{"epoch": 0, "step": s, "train/loss": 3.0} for s in range(3)]).to_csv(
+        run / "csv" / "metrics.csv", index=False
+    )
+    with pytest.raises(SystemExit) as stop:
+        A.cli([str(tmp_path), "--out", str(tmp_path / "a.png")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {tmp_path}: no per-position loss metrics")
+    assert run.name in err and "never validated" in err and "\n" not in err

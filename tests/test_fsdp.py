@@ -16,6 +16,7 @@ from module_fixtures import cat_batches, fit, small_module
 from torch import nn
 
 from longctx.distributed.fsdp import FSDP2Strategy, parse_dtype, swap_into_place, transformer_blocks
+from longctx.hf.checkpoint import load_hf
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -84,11 +85,9 @@ def test_init_from_under_fsdp_reads_each_ranks_shards_only(tmp_path, source):
     safetensors each rank reads about half of the elements (its own rows)."""
     from test_init_from import save_hf_small
 
-    from longctx.model import Llama
-
     path = save_hf_small(tmp_path / "hf")
     if source == "longctx_ckpt":
-        state = {f"model.{k}": v for k, v in Llama.from_hf(path).state_dict().items()}
+        state = {f"model.{k}": v for k, v in load_hf(path).state_dict().items()}
         path = str(tmp_path / "stage.ckpt")
         torch.save({"state_dict": state}, path)
     out, report = tmp_path / "fsdp2.pt", tmp_path / "read"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from longctx.batch import PackedBatch
+from longctx.hf.checkpoint import load_hf, save_hf
 from longctx.model import Llama, RopeScaling
 
 transformers = pytest.importorskip("transformers")
@@ -92,14 +93,14 @@ def saved_hf(request, tmp_path_factory):
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_from_hf_gives_transformers_logits_per_document(saved_hf, backend, reset):
     _, theirs, path = saved_hf
-    ours = Llama.from_hf(path, attn_backend=backend)
+    ours = load_hf(path, attn_backend=backend)
     assert ours.config.attn_backend == backend
     assert_same_per_document(ours, theirs, reset)
 
 
 def test_from_hf_reads_the_config(saved_hf):
     kind, _, path = saved_hf
-    config = Llama.from_hf(path).config
+    config = load_hf(path).config
     assert (config.dim, config.n_layers, config.n_heads, config.n_kv_heads) == (64, 2, 4, 2)
     assert (config.vocab_size, config.ffn_dim, config.max_seq_len) == (97, 96, 256)
     assert config.rope_theta == 10000.0 and config.norm_eps == 1e-5
@@ -115,34 +116,34 @@ def test_from_hf_reads_sharded_checkpoints(tmp_path):
     theirs.save_pretrained(tmp_path, max_shard_size="20KB")
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
-    assert_same_per_document(Llama.from_hf(tmp_path, attn_backend="sdpa"), theirs, reset=True)
+    assert_same_per_document(load_hf(tmp_path, attn_backend="sdpa"), theirs, reset=True)
 
 
 @pytest.mark.parametrize("kind", sorted(HF_CONFIGS))
 def test_save_hf_loads_in_transformers_with_same_logits(kind, tmp_path):
-    ours = Llama.from_hf(_saved(hf_model(kind), tmp_path / "src"), attn_backend="sdpa")
-    ours.save_hf(tmp_path / "out")
+    ours = load_hf(_saved(hf_model(kind), tmp_path / "src"), attn_backend="sdpa")
+    save_hf(ours, tmp_path / "out")
     theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert theirs.config.tie_word_embeddings == ours.config.tie_embeddings
     assert_same_per_document(ours, theirs, reset=False)
-    again = Llama.from_hf(tmp_path / "out")
+    again = load_hf(tmp_path / "out")
     for name, tensor in ours.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[name]), name
 
 
 def test_from_hf_overrides_config_fields(saved_hf):
     _, _, path = saved_hf
-    config = Llama.from_hf(path, max_seq_len=4096, loss_chunk_size=8).config
+    config = load_hf(path, max_seq_len=4096, loss_chunk_size=8).config
     assert config.max_seq_len == 4096 and config.loss_chunk_size == 8
     with pytest.raises(ValueError, match=r"unknown LlamaConfig overrides \['hidden'\]"):
-        Llama.from_hf(path, hidden=3)
+        load_hf(path, hidden=3)
 
 
 def test_from_hf_overrides_follow_the_preset_rules(saved_hf):
     """One override rule for presets and checkpoints: None keeps the checkpoint's value, a
     rope_scaling dict is merged into the checkpoint's scaling."""
     kind, _, path = saved_hf
-    config = Llama.from_hf(path, rope_theta=None, rope_scaling={"factor": 16.0}).config
+    config = load_hf(path, rope_theta=None, rope_scaling={"factor": 16.0}).config
     assert config.rope_theta == 10000.0 and config.rope_scaling.factor == 16.0
     original = 64 if kind == "llama3_tied" else RopeScaling().original_max_position
     assert config.rope_scaling.original_max_position == original
@@ -155,7 +156,7 @@ def test_from_hf_reads_transformers_4_style_rope_config(tmp_path):
     hf["rope_theta"] = params.pop("rope_theta")
     hf["rope_scaling"] = params
     (path / "config.json").write_text(json.dumps(hf))
-    config = Llama.from_hf(path).config
+    config = load_hf(path).config
     assert config.rope_theta == 10000.0 and config.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 64)
 
 
@@ -169,7 +170,7 @@ def test_from_hf_lists_missing_and_unexpected_keys(tmp_path):
     del state["model.norm.weight"]
     save_file(state, path / "model.safetensors")
     with pytest.raises(ValueError, match=r"missing keys \['model.norm.weight'\].*q_proj.bias"):
-        Llama.from_hf(path)
+        load_hf(path)
 
 
 def test_from_hf_rejects_unsupported_configs(tmp_path):
@@ -179,19 +180,19 @@ def test_from_hf_rejects_unsupported_configs(tmp_path):
     hf["attention_bias"] = True
     (path / "config.json").write_text(json.dumps(hf))
     with pytest.raises(ValueError, match="attention_bias=True"):
-        Llama.from_hf(path)
+        load_hf(path)
     hf["attention_bias"] = False
     (path / "config.json").write_text(json.dumps(hf))
     with pytest.raises(ValueError, match="unsupported RoPE type 'dynamic'"):
-        Llama.from_hf(path)
+        load_hf(path)
 
 
 def test_from_hf_rejects_folders_without_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="has no config.json"):
-        Llama.from_hf(tmp_path)
+        load_hf(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(hf_model("gqa").config.to_dict()))
     with pytest.raises(ValueError, match="neither model.safetensors nor"):
-        Llama.from_hf(tmp_path)
+        load_hf(tmp_path)
 
 
 def _saved(model, path):

@@ -14,6 +14,7 @@ import transformers
 from module_fixtures import SMALL, fit, random_batch, small_module
 
 from longctx.batch import PackedBatch
+from longctx.hf.checkpoint import load_hf
 from longctx.model import Llama, LlamaConfig
 from longctx.train.init_from import InitFromError, load_init_weights, resolve
 
@@ -64,7 +65,7 @@ def test_sharded_transformers_folder_loads_its_weights(tmp_path, dtype):
         > 1
     )
     ours = loaded(config_for(path))
-    reference = Llama.from_hf(path, attn_backend="sdpa")
+    reference = load_hf(path, attn_backend="sdpa")
     for name, tensor in reference.state_dict().items():
         assert ours.state_dict()[name].dtype == torch.float32
         assert torch.equal(ours.state_dict()[name], tensor), name
@@ -84,7 +85,7 @@ def test_module_reads_init_from_in_configure_model_as_a_new_stage(tmp_path):
     assert all(p.is_meta for p in module.model.parameters())
     trainer = fit(module, [random_batch(i, [[30, 34]], 64) for i in range(2)], max_steps=2)
     assert trainer.global_step == 2
-    start = Llama.from_hf(path).state_dict()
+    start = load_hf(path).state_dict()
     moved = [n for n, t in module.model.state_dict().items() if not torch.equal(t, start[n])]
     assert moved, "no weight trained"
     # the step-0 loss is the checkpoint's, i.e. the weights were loaded before training
@@ -271,7 +272,7 @@ def test_issue_command_fsdp_context_parallel_then_a_next_stage(tmp_path):
     )  # fmt: skip
     assert "trained with rope_theta=500000.0" in proc.stdout, proc.stdout[-2000:]
     batch = first_batch(tmp_path)
-    expected = Llama.from_hf(hf, attn_backend="sdpa", rope_theta=8e6)
+    expected = load_hf(hf, attn_backend="sdpa", rope_theta=8e6)
     losses = train_losses(runs / "stage1")
     assert losses[0] == pytest.approx(step_loss(expected, batch), rel=1e-5)
     assert (runs / "stage1" / "checkpoints" / "last.ckpt").is_dir()  # sharded

@@ -13,7 +13,8 @@ from helpers import assert_close_scaled
 
 from longctx.batch import PackedBatch
 from longctx.hf.adapter import HFModelSpec
-from longctx.model import Llama, LlamaConfig, RopeScaling
+from longctx.hf.checkpoint import load_hf, save_hf
+from longctx.model import LlamaConfig, RopeScaling
 from longctx.model.config import PRESETS
 
 transformers = pytest.importorskip("transformers")
@@ -108,7 +109,7 @@ def saved(request, tmp_path_factory):
 @pytest.mark.parametrize("reset", [True, False], ids=["reset", "continuous"])
 def test_each_scaling_gives_transformers_logits_beyond_the_original_length(saved, reset):
     kind, theirs, path = saved
-    ours = Llama.from_hf(path, attn_backend="sdpa")
+    ours = load_hf(path, attn_backend="sdpa")
     expected_type = None if kind == "default" else SCALINGS[kind]["rope_type"]
     assert getattr(ours.config.rope_scaling, "type", None) == expected_type
     assert ours.config.rope_theta == THETA
@@ -119,7 +120,7 @@ def test_scalings_really_differ(folder):
     """The parity above is not vacuous: each type changes the logits at long positions."""
     batch = make_batch(reset=False)
     with torch.no_grad():
-        logits = {k: Llama.from_hf(folder(k), attn_backend="sdpa").eval()(batch) for k in SCALINGS}
+        logits = {k: load_hf(folder(k), attn_backend="sdpa").eval()(batch) for k in SCALINGS}
     kinds = sorted(logits)
     for i, a in enumerate(kinds):
         for b in kinds[i + 1 :]:
@@ -142,7 +143,7 @@ def folder(tmp_path_factory):
 
 def test_yarn_attention_temperature_is_transformers(saved):
     kind, theirs, path = saved
-    scaling = Llama.from_hf(path).config.rope_scaling
+    scaling = load_hf(path).config.rope_scaling
     expected = theirs.model.rotary_emb.attention_scaling
     assert (1.0 if scaling is None else scaling.attention_scale) == pytest.approx(expected)
     if kind == "yarn":
@@ -151,15 +152,15 @@ def test_yarn_attention_temperature_is_transformers(saved):
 
 @pytest.mark.parametrize("kind", sorted(SCALINGS))
 def test_save_hf_round_trips_the_rope_settings(kind, tmp_path, folder):
-    ours = Llama.from_hf(folder(kind), attn_backend="sdpa")
-    ours.save_hf(tmp_path, max_shard_size="20KB")
+    ours = load_hf(folder(kind), attn_backend="sdpa")
+    save_hf(ours, tmp_path, max_shard_size="20KB")
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1  # sharded, with its index
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["rope_theta"] == THETA
     theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
     assert_same_logits(ours, theirs, reset=False)
-    assert Llama.from_hf(tmp_path).config.rope_scaling == ours.config.rope_scaling
+    assert load_hf(tmp_path).config.rope_scaling == ours.config.rope_scaling
 
 
 def test_rope_theta_override_matches_transformers_with_that_base(tmp_path, folder):
@@ -168,7 +169,7 @@ def test_rope_theta_override_matches_transformers_with_that_base(tmp_path, folde
         folder("llama3"), rope_parameters={**SCALINGS["llama3"], "rope_theta": 8e6}
     ).eval()
     assert theirs.config.rope_parameters["rope_theta"] == 8e6
-    ours = Llama.from_hf(folder("llama3"), attn_backend="sdpa", rope_theta=8e6)
+    ours = load_hf(folder("llama3"), attn_backend="sdpa", rope_theta=8e6)
     assert_same_logits(ours, theirs, reset=True)
 
 
@@ -185,7 +186,7 @@ def test_model_hf_takes_rope_settings_through_config_overrides(kind, folder):
     assert spec.hf_config.rope_parameters == {**scaling, "rope_theta": 2e5} | (
         {"original_max_position_embeddings": ORIGINAL} if "original" in str(scaling) else {}
     )
-    ours = Llama.from_hf(
+    ours = load_hf(
         folder("default"),
         attn_backend="sdpa",
         rope_theta=2e5,

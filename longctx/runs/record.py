@@ -133,6 +133,7 @@ def read_stored_run(path: str | Path) -> StoredRun:
         )
     validate(config["model"], MODEL_TARGETS, f"{checkpoint}: {CHECKPOINT_KEY}.config.model")
     validate(config["data"], DATA_TARGETS, f"{checkpoint}: {CHECKPOINT_KEY}.config.data")
+    _refuse_nested_targets(config.get("run", {}), f"{checkpoint}: {CHECKPOINT_KEY}.config.run")
     return StoredRun(checkpoint, contents, config, record.get("identity") or {})
 
 

@@ -123,8 +123,11 @@ def this_start_config_dir() -> Path | None:
 
 
 def recorded_config(cfg: DictConfig) -> dict:
-    """The resolved model and data config: what the checkpoint's run record keeps."""
-    return {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data")}
+    """The resolved model and data config, and the run's group, seed and tags: what the
+    checkpoint's run record keeps."""
+    config = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data")}
+    run = {"group": cfg.get("group"), "seed": cfg.seed, "tags": list(cfg.get("tags") or [])}
+    return config | {"run": run}
 
 
 def build_trainer(cfg: DictConfig, output_dir: Path, record: RunRecord) -> L.Trainer:
