@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from longctx.cli import command
 from longctx.eval.files import write_json, write_rows
 from longctx.eval.long_documents import (
     check_eval_length,
@@ -172,3 +173,6 @@ def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> N
 
 def main(argv: Sequence[str] | None = None) -> dict:
     return run(parse_args(argv))
+
+
+cli = command(main)  # the console script and python -m: one-line errors, exit 2
