@@ -47,10 +47,10 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        return _RMSNormFunction.apply(x, self.weight, self.eps)
+        return RMSNormFunction.apply(x, self.weight, self.eps)
 
 
-class _RMSNormFunction(torch.autograd.Function):
+class RMSNormFunction(torch.autograd.Function):
     """weight * (x / rms(x)).to(x.dtype), the Hugging Face Llama formula, with its own backward.
 
     Autograd through the formula makes about ten passes over [tokens, dim] in backward and

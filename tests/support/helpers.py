@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "tests" / "scripts"  # what tests run in subprocesses
 # the embedded corpus is prepared once per checkout and shared by every test (it is idempotent)
 CACHE_DIR = ROOT / "data_cache"
 # small and fast: every run of the app in tests shrinks the default config this way

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from module_fixtures import small_fields
 
 from longctx.batch import PackedBatch
 from longctx.eval.documents import document_batches, mean_loss, score_documents
@@ -16,8 +17,8 @@ from longctx.model import Llama, LlamaConfig
 from longctx.model.rope import inv_frequencies, rope_cos_sin
 
 # small enough for a 32k row with gradients on 2 cores; RoPE over head_dim 32 (16 frequencies)
-SMALL = dict(vocab_size=64, dim=64, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=128,
-             max_seq_len=131072, loss_chunk_size=131072, init_std=0.1)  # fmt: skip
+SMALL = small_fields(vocab_size=64, n_heads=2, n_kv_heads=1, attn_backend=None,
+                     max_seq_len=131072, loss_chunk_size=131072, init_std=0.1)  # fmt: skip
 
 
 def model_for(backend: str, **overrides) -> Llama:

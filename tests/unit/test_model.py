@@ -8,13 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_close_scaled
+from module_fixtures import small_fields
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.model import Llama, LlamaConfig, RopeScaling, estimate_flops
 from longctx.model.attention import build_attention_metadata
 from longctx.model.loss import chunked_token_loss
 
-SMALL = dict(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96)
+SMALL = small_fields(ffn_dim=96, attn_backend=None)
 # Larger than the 0.02 default so attention is far from uniform and a leak shows in the logits.
 INIT_STD = 0.15
 ROWS = [[5, 7, 3], [11, 13]]  # odd lengths; row 0 gets a 9-token pad tail (L = 24)
@@ -416,11 +417,11 @@ def _rms_norm_formula(x, weight, eps):
 
 
 def test_rms_norm_backward_passes_gradcheck():
-    from longctx.model.llama import _RMSNormFunction
+    from longctx.model.llama import RMSNormFunction
 
     x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(_RMSNormFunction.apply, (x, weight, 1e-5))
+    assert torch.autograd.gradcheck(RMSNormFunction.apply, (x, weight, 1e-5))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

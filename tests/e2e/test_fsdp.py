@@ -9,24 +9,21 @@ import sys
 from functools import partial
 from pathlib import Path
 
+import fsdp_script  # noqa: E402
 import pytest
 import torch
-from helpers import assert_close_scaled
+from helpers import SCRIPTS, assert_close_scaled
 from module_fixtures import cat_batches, fit, small_module
 from torch import nn
 
 from longctx.distributed.fsdp import FSDP2Strategy, parse_dtype, swap_into_place, transformer_blocks
 from longctx.hf.checkpoint import load_hf
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-import fsdp_script  # noqa: E402
-
 
 def run_script(*args: str) -> None:
     proc = subprocess.run(
-        [sys.executable, str(HERE / "fsdp_script.py"), *args],
-        cwd=HERE,
+        [sys.executable, str(SCRIPTS / "fsdp_script.py"), *args],
+        cwd=SCRIPTS,
         capture_output=True,
         text=True,
         timeout=400,

@@ -6,8 +6,8 @@ import logging
 
 import numpy as np
 import pytest
+from data_fixtures import module, small_corpus, take
 from helpers import compose
-from test_datamodule import module, small_corpus, take
 
 from longctx.data import DataConfig, LongCtxDataModule, ShardSet
 from longctx.data.config import LengthUpsampling, Stage

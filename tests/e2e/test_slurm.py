@@ -10,7 +10,6 @@ Skipped, with the reason, only where SLURM cannot start here (not root, no apt, 
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import subprocess
@@ -22,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import CACHE_DIR, ROOT, read_metrics, run_train
+from slurm_cluster import cluster, nodes, slurm_cluster  # noqa: F401 (the fixture)
 
-CLUSTER = ROOT / "scripts" / "slurm" / "local_cluster.sh"
 SBATCH = ROOT / "scripts" / "slurm" / "train.sbatch"
 # tiny and quiet; OMP_NUM_THREADS=1 in ENV keeps SLURM jobs and local runs numerically alike
 TINY = [
@@ -36,31 +35,6 @@ TINY = [
     f"paths.cache_dir={CACHE_DIR}",
 ]
 ENV = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-
-
-def _cluster(cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(CLUSTER), cmd], capture_output=True, text=True, timeout=300)
-
-
-def _nodes() -> list[str]:
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True)
-    return sorted(set(out.stdout.split()))
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    """The local cluster, started here if `make test` has not (and stopped again afterwards).
-    A running cluster of another layout (one node) is restarted as two by `start`."""
-    if _cluster("status").returncode == 0 and len(_nodes()) >= 2:
-        return
-    if os.geteuid() != 0:
-        pytest.skip(
-            "SLURM is not running and starting it needs root (scripts/slurm/local_cluster.sh)"
-        )
-    started = _cluster("start")
-    if started.returncode != 0:
-        pytest.skip(f"SLURM could not start here: {started.stderr.strip()[-500:]}")
-    atexit.register(_cluster, "stop")
 
 
 @pytest.fixture
@@ -383,14 +357,14 @@ def test_two_node_mistakes_fail_fast_naming_the_values(args, env, message, tmp_p
 
 @on_slurm
 def test_local_cluster_has_two_idle_nodes_and_start_is_idempotent():
-    out = _cluster("status")
+    out = cluster("status")
     assert out.returncode == 0 and "debug" in out.stdout, out.stdout + out.stderr
-    assert _nodes() == ["n1", "n2"], out.stdout
+    assert nodes() == ["n1", "n2"], out.stdout
     if os.geteuid() != 0:
         return  # start needs root
     pids = sorted(Path("/run/slurm").glob("*.pid"))
     before = {p.name: p.read_text() for p in pids}
-    again = _cluster("start")  # on a running cluster of the same layout: nothing restarts
+    again = cluster("start")  # on a running cluster of the same layout: nothing restarts
     assert again.returncode == 0, again.stderr
     assert {p.name: p.read_text() for p in pids} == before
     assert {"slurmctld.pid", "slurmd-n1.pid", "slurmd-n2.pid"} <= set(before), before

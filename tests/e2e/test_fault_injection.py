@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FAST, ROOT, read_metrics
+from helpers import FAST, ROOT, SCRIPTS, read_metrics
 
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parent
 # two data-loader workers (what data=shards runs with), checkpoints every 2 steps, 6 steps
 STEPS = 6
 BASE = [
@@ -49,7 +48,7 @@ def train(root: Path, *args: str, wait: bool = True, multirun: bool = False):
         **os.environ,
         "WANDB_MODE": "offline",
         "PYTHONHASHSEED": "0",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
     }
     flags = ["-m"] if multirun else []  # Hydra takes its flags before the overrides
     cmd = [sys.executable, str(ROOT / "train.py"), *flags, *BASE, *args, f"paths.root_dir={root}"]

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close_scaled
+from helpers import SCRIPTS, assert_close_scaled
 from module_fixtures import cat_batches, fit, random_batch, small_module
 
 from longctx.data.packing import collate_rows, make_packer
 from longctx.data.streams import StreamBatch
 from longctx.train.module import LongCtxModule, param_groups, warmup_cosine_schedule
-
-HERE = Path(__file__).parent
 
 
 def params(module) -> dict[str, torch.Tensor]:
@@ -69,14 +66,13 @@ def test_logged_loss_is_step_token_mean():
 def test_ddp_two_processes_equal_one_process(tmp_path):
     out = tmp_path / "ddp_params.pt"
     proc = subprocess.run(
-        [sys.executable, str(HERE / "ddp_equivalence_script.py"), str(out)],
-        cwd=HERE,
+        [sys.executable, str(SCRIPTS / "ddp_equivalence_script.py"), str(out)],
+        cwd=SCRIPTS,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    sys.path.insert(0, str(HERE))
     import ddp_equivalence_script as script
 
     batches = script.rank_batches()

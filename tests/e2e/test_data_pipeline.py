@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_slurm import slurm_cluster  # noqa: F401  (the fixture: start the cluster or skip)
+from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture: start the cluster or skip)
 
 from longctx.data.pipeline import check_slurm_reachable
-from longctx.data.prepare import PrepareTaskFailed, SlurmOptions, main, prepare
+from longctx.data.prepare import PrepareTaskFailed, SlurmOptions, cli, main, prepare
 from longctx.data.shards import MANIFEST_NAME, ShardSet, load_manifest
 from longctx.data.sources import describe_source, documents_of_task, is_validation
 from longctx.data.tokenizer import ByteTokenizer
@@ -143,7 +143,7 @@ def test_failed_task_is_named_with_its_log_and_rerun_alone(tmp_path):
         ]
 
 
-def test_slurm_executor_with_no_slurm_reachable(tmp_path, monkeypatch):
+def test_slurm_executor_with_no_slurm_reachable(tmp_path, monkeypatch, capsys):
     src = tmp_path / "d.jsonl"
     src.write_text(json.dumps({"text": "x"}) + "\n")
     bin_dir = tmp_path / "bin"
@@ -173,8 +173,12 @@ def test_slurm_executor_with_no_slurm_reachable(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         main([str(src), "--out", str(tmp_path / "o"), "--executor", "slurm"])  # no --partition
     (bin_dir / "sinfo").unlink()
-    with pytest.raises(SystemExit, match="prepare: --executor slurm: no SLURM reachable here"):
-        main([str(src), "--out", str(tmp_path / "o"), "--executor", "slurm", "--partition", "x"])
+    capsys.readouterr()  # argparse's usage above
+    with pytest.raises(SystemExit) as stop:
+        cli([str(src), "--out", str(tmp_path / "o"), "--executor", "slurm", "--partition", "x"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --executor slurm: no SLURM reachable here")
 
 
 # ------------------------------------------------------------------ on the local SLURM

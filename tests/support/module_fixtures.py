@@ -11,9 +11,15 @@ from longctx import PackedBatch
 from longctx.model import LlamaConfig
 from longctx.train.module import LongCtxModule
 
+# the small model of the tests: every test that needs another shape overrides fields of this one
 SMALL = dict(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, attn_backend="sdpa"
 )
+
+
+def small_fields(**overrides) -> dict:
+    """SMALL with ``overrides`` (a field set to None is dropped: the config's default)."""
+    return {k: v for k, v in {**SMALL, **overrides}.items() if v is not None}
 
 
 def small_module(

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from data_fixtures import module, small_corpus, take
 
 from longctx.batch import IGNORE_INDEX
 from longctx.data import DataConfig, LongCtxDataModule
 from longctx.data.corpus import default_corpus_dir
-from longctx.data.prepare import prepare
 from longctx.data.shards import ShardSet
 from longctx.data.streams import DocumentStream, RowStream, StreamBatch, merge_rank_states
 
@@ -25,30 +24,6 @@ from longctx.data.streams import DocumentStream, RowStream, StreamBatch, merge_r
 def corpus(tmp_path_factory) -> Path:
     """The real embedded corpus, prepared once per session into a temp cache."""
     return default_corpus_dir(tmp_path_factory.mktemp("cache"))
-
-
-def small_corpus(folder: Path, num_docs: int = 48, *, long_doc: int = 0) -> Path:
-    rng = np.random.default_rng(0)
-    texts = [
-        "".join(rng.choice(list("abcdefgh "), size=int(n)))
-        for n in rng.integers(5, 120, size=num_docs)
-    ]
-    if long_doc:
-        texts[3] = "Z" * long_doc
-    src = folder / "small.jsonl"
-    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    prepare([src], folder / "prepared", "byte", workers=1, val_fraction=0.0, progress=False)
-    return folder / "prepared"
-
-
-def take(dm: LongCtxDataModule, n: int) -> list:
-    return list(itertools.islice(iter(dm.train_dataloader()), n))
-
-
-def module(folder, **overrides) -> LongCtxDataModule:
-    dm = LongCtxDataModule(DataConfig(shards=[str(folder)], **overrides))
-    dm.setup("fit")
-    return dm
 
 
 def document_ids(batch) -> list[torch.Tensor]:

@@ -18,6 +18,7 @@ import pytest
 import torch
 from helpers import (
     FAST,
+    SCRIPTS,
     assert_close_scaled,
     compose,
     final_params,
@@ -248,7 +249,7 @@ def test_gather_row_without_a_group_puts_chunks_back_in_row_order():
 
 
 # --------------------------------------------------------------------------- models over gloo
-SCRIPT = Path(__file__).with_name("context_parallel_script.py")
+SCRIPT = SCRIPTS / "context_parallel_script.py"
 
 
 @pytest.mark.parametrize(
