@@ -19,7 +19,7 @@ Step time is a roofline: model FLOPs (``longctx.model.estimate_flops``, attentio
 documents only) over peak x MFU, plus FSDP2's parameter traffic where it outlasts compute
 (prefetched, so it overlaps) and the K/V all-gather, which sits on the critical path.
 
-    python benchmarks/plan_table.py   # the README's Llama 3 8B table -> results/planning_table.json
+    python benchmarks/plan_table.py   # docs/planner.md's Llama 3 8B table -> results/planning_table.json
 """
 
 from __future__ import annotations

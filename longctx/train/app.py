@@ -16,8 +16,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.cli import exit_on_user_error
+from longctx.data.arms import arm_description
 from longctx.distributed.slurm import slurm_plugins
-from longctx.experiments.arms import arm_description
 from longctx.runs.checkpoints import AtomicCheckpointIO, ResumePoint, remove_stale_temp_files
 from longctx.runs.folder import (
     RunFolderBusy,
@@ -61,7 +61,10 @@ def run(cfg: DictConfig) -> dict:
     lock = RunFolderLock(output_dir).acquire() if writes_run_folder() else None
     before = snapshot(output_dir)
     try:
-        return train(cfg, output_dir, holds_folder=lock is not None)
+        metrics = train(cfg, output_dir, holds_folder=lock is not None)
+        if cfg.dry_run and lock is not None:
+            undo_start(output_dir, before)  # a plan writes nothing: no run folder either
+        return metrics
     except USER_ERRORS:
         if lock is not None and undo_start(output_dir, before):
             print(f"removed the run folder {output_dir}: nothing was written", file=sys.stderr)

@@ -78,3 +78,11 @@ def test_overwrite_starts_a_clean_folder_and_export_reads_the_new_config(tmp_pat
     assert stored.rope_theta == 10000
     weights = torch.load(last_checkpoint(run_dir), weights_only=True)["state_dict"]
     assert weights  # the record sits beside the weights it describes
+
+
+def test_a_dry_run_leaves_no_run_folder(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    hydra_start(run_dir)
+    report = run(compose(["dry_run=true", *SHORT], output_dir=run_dir))
+    assert report["parameters"] > 0 and "capacity plan" in capsys.readouterr().out.lower()
+    assert not run_dir.exists()
