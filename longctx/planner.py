@@ -19,7 +19,7 @@ Step time is a roofline: model FLOPs (``longctx.model.estimate_flops``, attentio
 documents only) over peak x MFU, plus FSDP2's parameter traffic where it outlasts compute
 (prefetched, so it overlaps) and the K/V all-gather, which sits on the critical path.
 
-    python benchmarks/plan_table.py   # the README's Llama 3 8B table -> results/planning_table.json
+    python benchmarks/plan_table.py   # docs/planner.md's Llama 3 8B table -> results/planning_table.json
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class PlannerSettings:
     """The ``planner`` config group: what a dry run plans for (see conf/train.yaml)."""
 
     device: str | None = None
+    device_memory_gb: float | None = None  # None: the visible GPU's, the table's or the host's
     mfu: float = DEFAULT_MFU
     intra_node_gb_per_s: float = INTRA_NODE_BYTES_PER_S / 1e9
     inter_node_gb_per_s: float = INTER_NODE_BYTES_PER_S / 1e9
@@ -78,6 +79,10 @@ class PlannerSettings:
     def __post_init__(self) -> None:
         if self.device is not None and not isinstance(self.device, str):
             raise PlanError(f"planner.device={self.device!r}; expected an accelerator name or null")
+        if self.device_memory_gb is not None:
+            require_positive(
+                "memory of one device", self.device_memory_gb, "planner.device_memory_gb"
+            )
         require_positive("model FLOPs utilisation", self.mfu, "planner.mfu")
         if self.mfu > 1:
             raise PlanError(f"planner.mfu={self.mfu}; expected a fraction in (0, 1]")
@@ -110,7 +115,7 @@ class Device:
     heap_retention: float = 0.0
 
     def __post_init__(self) -> None:
-        require_positive("device memory", self.memory_bytes, "trainer.device_memory_gb")
+        require_positive("device memory", self.memory_bytes, "planner.device_memory_gb")
         if not (math.isfinite(self.heap_retention) and self.heap_retention >= 0):
             raise PlanError(f"heap_retention={self.heap_retention!r}; expected a fraction >= 0")
         if self.peak_flops is not None:
@@ -605,7 +610,7 @@ def known_device(name: str, baseline_bytes: int = CUDA_RUNTIME_BYTES) -> Device:
     if key is None:
         raise PlanError(
             f"device {name!r} is not one the planner knows ({sorted(KNOWN_DEVICES)}): set "
-            "trainer.device_memory_gb and peak_flops_per_device"
+            "planner.device_memory_gb and peak_flops_per_device"
         )
     memory_gb, peak = KNOWN_DEVICES[key]
     return Device(key, int(memory_gb * 1e9), peak, baseline_bytes, "CUDA context + NCCL (stated)")
