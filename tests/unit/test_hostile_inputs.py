@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import FAST, compose
+from lightning.pytorch.loggers import Logger
 from module_fixtures import SMALL
 
 from longctx import planner
@@ -237,3 +238,36 @@ def test_the_cpu_plan_adds_the_retained_heap_of_train_py(tmp_path):
     assert cpu.heap_retention == planner.CPU_HEAP_RETENTION > 0
     gpu = planner_device(compose([*FAST, "planner.device=H100"]), torch.device("cuda"))
     assert gpu.heap_retention == 0
+
+
+# ------------------------------------------------------------------ the step axis
+class RecordingLogger(Logger):
+    """What a logger (W&B's, the CSV one) is handed: (step, metric names) of every call."""
+
+    name, version = "recording", "0"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, set[str]]] = []
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.calls.append((step, set(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+
+def test_loggers_get_one_row_per_optimizer_step_under_accumulation():
+    import lightning as L
+    from module_fixtures import random_batch, small_module
+
+    logger = RecordingLogger()
+    batches = [random_batch(i, [[32, 32]], 64) for i in range(6)]  # 3 steps of 2 micro-batches
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=3, logger=logger, log_every_n_steps=1,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=lambda b: b)
+    trainer.fit(small_module(accumulate=2), train_dataloaders=loader)
+    assert [step for step, names in logger.calls if "train/loss" in names] == [1, 2, 3]
+    assert not [names for _, names in logger.calls if {"epoch", "step"} & names]
