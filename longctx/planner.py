@@ -120,11 +120,12 @@ class Device:
             raise PlanError(f"heap_retention={self.heap_retention!r}; expected a fraction >= 0")
         if self.peak_flops is not None:
             require_positive("peak FLOP/s", self.peak_flops, "peak_flops_per_device")
-        for name, setting in (
-            ("intra_node_bytes_per_s", "planner.intra_node_gb_per_s"),
-            ("inter_node_bytes_per_s", "planner.inter_node_gb_per_s"),
+        for name, key in (
+            ("intra_node_bytes_per_s", "intra_node_gb_per_s"),
+            ("inter_node_bytes_per_s", "inter_node_gb_per_s"),
         ):
-            require_positive("collective bandwidth per GPU (bytes/s)", getattr(self, name), setting)
+            setting = f"{name} (planner.{key} x 1e9)"
+            require_positive("collective bandwidth per GPU", getattr(self, name), setting)
 
 
 @dataclass(frozen=True)

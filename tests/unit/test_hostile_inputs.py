@@ -62,7 +62,9 @@ def test_the_typed_configs_refuse_non_finite_fields():
         LlamaConfig.from_name("tiny", rope_scaling={"factor": 8.0, "beta_fast": float("inf")})
     with pytest.raises(ValueError, match="DataConfig.weights"):
         DataConfig(weights=[float("nan")])
-    with pytest.raises(planner.PlanError, match="planner.inter_node_gb_per_s=inf"):
+    with pytest.raises(
+        planner.PlanError, match=r"inter_node_bytes_per_s \(planner.inter_node_gb_per_s x 1e9\)=inf"
+    ):
         planner.Device("gpu", 10**9, 1e12, 0, "", inter_node_bytes_per_s=float("inf"))
     with pytest.raises(planner.PlanError, match="peak_flops_per_device=nan"):
         planner.Device("gpu", 10**9, float("nan"), 0, "")
