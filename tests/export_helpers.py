@@ -3,6 +3,7 @@ Llama built from it, in the layouts train.py writes (a .ckpt file or a sharded f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -51,3 +52,36 @@ def make_run(
     else:
         torch.save(state, ckpt)
     return run
+
+
+USER_SPECIALS = ["<pad>", "<s>", "</s>"]
+TRAINING_TEXT = [
+    "In the beginning God created the heaven and the earth.",
+    "And the earth was without form, and void; and darkness was upon the face of the deep.",
+    "Ünïcödé and 長い文脈 🙂, tabs\tand  spaces.",
+] * 20
+
+
+def make_user_tokenizer(folder: Path, vocab_size: int = 280) -> Path:
+    """A user's own HF tokenizer, built locally: a byte-level BPE with <pad> <s> </s>, and a
+    post-processor that adds <s> in front (as Llama's does), which prepare never applies."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=USER_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(TRAINING_TEXT, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    folder.mkdir(parents=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
