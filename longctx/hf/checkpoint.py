@@ -112,7 +112,7 @@ def config_to_hf(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
         "intermediate_size": config.ffn_dim,
         "hidden_act": "silu",
         "rms_norm_eps": config.norm_eps,
-        "rope_theta": config.rope_theta,
+        "rope_theta": float(config.rope_theta),
         "rope_scaling": None,
         "max_position_embeddings": config.max_seq_len,
         "tie_word_embeddings": config.tie_embeddings,
@@ -122,8 +122,23 @@ def config_to_hf(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
         "dtype": str(dtype).removeprefix("torch."),
     }
     if config.rope_scaling is not None:
-        out["rope_scaling"] = config.rope_scaling.to_hf()
+        out["rope_scaling"] = _floats(config.rope_scaling.to_hf())
     return out
+
+
+# rope_scaling fields transformers 4.x validates as floats (an int factor from a YAML `4` warns)
+_FLOAT_ROPE_KEYS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+)
+
+
+def _floats(scaling: dict[str, Any]) -> dict[str, Any]:
+    return {k: float(v) if k in _FLOAT_ROPE_KEYS else v for k, v in scaling.items()}
 
 
 # --------------------------------------------------------------------------- weights
