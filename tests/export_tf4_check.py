@@ -34,7 +34,7 @@ def check(case: dict) -> list[str]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     if tokenizer.model_max_length != case["max_position_embeddings"]:
         problems.append(f"model_max_length {tokenizer.model_max_length}")
-    for text, ids in zip(case["texts"], case["ids"]):
+    for text, ids in zip(case["texts"], case["ids"], strict=True):
         encoded = tokenizer(text)
         if encoded["input_ids"] != ids or tokenizer.encode(text) != ids:
             problems.append(f"ids of {text!r}: {encoded['input_ids']} != {ids}")
@@ -60,7 +60,8 @@ def check(case: dict) -> list[str]:
 
 
 def main() -> None:
-    cases = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
     problems = {c["name"]: check(c) for c in cases}
     print(json.dumps({"transformers": transformers.__version__, "problems": problems}))
     sys.exit(1 if any(problems.values()) else 0)
