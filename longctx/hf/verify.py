@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from longctx.cli import command
+from longctx.progress import interactive
 
 TASK_NAME = "longctx_heldout"
 TASK_FOLDER = "lm_eval"
@@ -132,9 +133,9 @@ def write_lm_eval_task(folder: Path, texts: list[str]) -> Path:
             'doc_to_text: ""',
             'doc_to_target: "{{text}}"',
             "metric_list:",
-            "  - metric: word_perplexity",
-            "  - metric: byte_perplexity",
-            "  - metric: bits_per_byte",
+            *_metric("word_perplexity", "weighted_perplexity"),
+            *_metric("byte_perplexity", "weighted_perplexity"),
+            *_metric("bits_per_byte", "bits_per_byte"),
             "metadata:",
             "  version: 1.0",
             "",
@@ -142,6 +143,14 @@ def write_lm_eval_task(folder: Path, texts: list[str]) -> Path:
     )
     (task_dir / f"{TASK_NAME}.yaml").write_text(yaml)
     return task_dir
+
+
+def _metric(name: str, aggregation: str) -> list[str]:
+    return [
+        f"  - metric: {name}",
+        f"    aggregation: {aggregation}",
+        "    higher_is_better: false",
+    ]
 
 
 def lm_eval_command(folder: Path) -> str:
@@ -166,6 +175,7 @@ def run_lm_eval(folder: Path, task_dir: Path) -> float:
         batch_size=1,
         device="cpu",
         log_samples=False,
+        verbosity="WARNING",
     )
     return float(results["results"][TASK_NAME]["bits_per_byte,none"])
 
@@ -191,6 +201,8 @@ def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> 
     from longctx.hf.export import EXPORT_RECORD, read_model, run_config_of  # export imports us
 
     folder = Path(folder)
+    if not interactive():  # transformers' loading bars, as longctx's own, only on a terminal
+        transformers.utils.logging.disable_progress_bar()
     record_path = folder / EXPORT_RECORD
     if not record_path.is_file():
         raise FileNotFoundError(
