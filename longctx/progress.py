@@ -12,7 +12,7 @@ def interactive() -> bool:
     return sys.stdout.isatty()
 
 
-def bar(total: float | None, desc: str, unit: str = "it", **kwargs) -> tqdm:
+def bar(total: float | None, desc: str, unit: str = "it", disable: bool = False, **kwargs) -> tqdm:
     """A bar on stdout; disabled (a no-op with the same methods) off a terminal."""
     scale = unit == "B"
     return tqdm(
@@ -22,7 +22,7 @@ def bar(total: float | None, desc: str, unit: str = "it", **kwargs) -> tqdm:
         unit_scale=scale,
         unit_divisor=1024 if scale else 1000,
         file=sys.stdout,
-        disable=not interactive(),
+        disable=disable or not interactive(),
         dynamic_ncols=True,
         **kwargs,
     )

@@ -160,16 +160,18 @@ def lm_eval_command(folder: Path) -> str:
     )
 
 
-def run_lm_eval(folder: Path, task_dir: Path) -> float:
-    """lm-eval's bits per byte of the export on its local task, run in this process offline."""
+def run_lm_eval(folder: Path, task_dir: Path, prefix_token_id: int | None = None) -> float:
+    """lm-eval's bits per byte of the export on its local task, run in this process offline;
+    ``prefix_token_id`` replaces the token lm-eval puts before each document (its BOS)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    prefix = "" if prefix_token_id is None else f",prefix_token_id={prefix_token_id}"
     results = lm_eval.simple_evaluate(
         model="hf",
-        model_args=f"pretrained={folder},dtype=float32",
+        model_args=f"pretrained={folder},dtype=float32" + prefix,
         tasks=[TASK_NAME],
         task_manager=TaskManager(include_path=str(task_dir)),
         batch_size=1,
