@@ -193,5 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"next: python -m longctx.hf.verify {done.folder}")
 
 
+cli = command(main)  # the console script and python -m: one-line errors, exit 2
+
 if __name__ == "__main__":
-    main()
+    cli()
