@@ -69,7 +69,7 @@ def train(name: str, shards: Path, work: Path, steps: int) -> Path:
             "trainer.limit_val_batches=1",
             "trainer.enable_progress_bar=false",
             "logger=csv",
-            "callbacks=none",
+            "callbacks=default",
             f"paths.root_dir={root}",
             f"paths.cache_dir={CACHE}",
             "seed=0",

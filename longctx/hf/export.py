@@ -2,8 +2,9 @@
 
     python -m longctx.hf.export CKPT --out DIR [--tokenizer TOK] [--verify]
 
-CKPT is anything ``model.init_from`` reads from longctx: a .ckpt file, a sharded (FSDP)
-checkpoint folder, or a run folder (its last checkpoint). DIR gets
+CKPT is a .ckpt file, a sharded (FSDP) checkpoint folder, or a run folder (its last checkpoint).
+The model and data config come from the checkpoint's run record (longctx.runs.record: the
+config that trained those weights, validated as data). DIR gets
 - config.json for LlamaForCausalLM: the run's RoPE (base and scaling), its special ids, and
   ``max_position_embeddings`` by the rule of :mod:`longctx.hf.lengths`;
 - generation_config.json with the bos/eos/pad ids;
@@ -38,44 +39,22 @@ from longctx.hf.verify import add_verify_options, verify
 from longctx.io import make_readable
 from longctx.model import Llama, LlamaConfig
 from longctx.progress import bar
-from longctx.train.init_from import InitFromError, resolve
+from longctx.runs.record import StoredRun, read_stored_run
+from longctx.train.init_from import resolve
 
 EXPORT_RECORD = "longctx_export.json"
 GENERATION_CONFIG = "generation_config.json"
 
 
-@dataclasses.dataclass
-class RunConfig:
-    """What an export needs of the run: its model, and its data config (lengths, held-out)."""
-
-    model: LlamaConfig
-    data: Any  # longctx.data.DataConfig
-
-
-def run_config_of(checkpoint: Path) -> RunConfig:
-    """The model and data config of the run that wrote ``checkpoint`` (its .hydra/config.yaml)."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    run = checkpoint if (checkpoint / "checkpoints").is_dir() else checkpoint.parent.parent
-    saved = run / ".hydra" / "config.yaml"
-    if not saved.is_file():
-        raise InitFromError(
-            f"{checkpoint}: no {saved} to read the model config from; expected a checkpoint "
-            "inside a longctx run folder (run/checkpoints/*.ckpt) or the run folder itself"
-        )
-    cfg = OmegaConf.load(saved)
-    config = instantiate(cfg.model)
+def llama_config(stored: StoredRun) -> LlamaConfig:
+    """The run's model config from its checkpoint's record; only longctx's Llama exports."""
+    config = stored.model_config()
     if not isinstance(config, LlamaConfig):
-        raise InitFromError(
-            f"{checkpoint} was trained with {type(config).__name__}, not longctx's Llama; a "
-            "model=hf run's weights are already a transformers model"
+        raise ValueError(
+            f"{stored.checkpoint} was trained with {type(config).__name__}, not longctx's Llama; "
+            "a model=hf run's weights are already a transformers model"
         )
-    try:
-        OmegaConf.select(cfg, "data.cache_dir", throw_on_missing=True)
-    except Exception:  # an interpolation only Hydra's runtime resolves: the default cache
-        cfg.data.cache_dir = None
-    return RunConfig(config, instantiate(cfg.data))
+    return config
 
 
 @dataclasses.dataclass
@@ -83,7 +62,8 @@ class Export:
     """An export's folder and what it states."""
 
     folder: Path
-    run: RunConfig
+    model: LlamaConfig
+    data: Any  # longctx.data.DataConfig
     trained_length: int
     max_position_embeddings: int
 
@@ -98,22 +78,22 @@ def export(
     checkpoint, out = Path(checkpoint), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--out {out} exists and is not empty; expected a new folder")
-    run = run_config_of(checkpoint)
-    config = run.model
+    stored = read_stored_run(checkpoint)  # the record of the config that trained the weights
+    config, data = llama_config(stored), stored.data_config()
     if tokenizer is None and config.vocab_size < ByteTokenizer.vocab_size:
         raise ValueError(
             f"the byte tokenizer's {ByteTokenizer.vocab_size} ids do not fit the model's "
             f"vocab_size={config.vocab_size}; pass --tokenizer with the run's tokenizer folder"
         )
-    trained = trained_length(run.data)
+    trained = trained_length(data)
     length = max_positions(config, trained)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent.resolve()))
     try:
         specials = _write_tokenizer(tokenizer, staging, length, config.vocab_size)
-        model = read_model(checkpoint, config)
+        model = read_model(stored.checkpoint, config)
         _write_model(model, staging, max_shard_size, length, specials)
-        record = {"checkpoint": str(checkpoint.resolve()), "trained_length": trained}
+        record = {"checkpoint": str(stored.checkpoint.resolve()), "trained_length": trained}
         _write_json(staging / EXPORT_RECORD, {**record, "max_position_embeddings": length})
         make_readable(staging)  # mkdtemp made it 0700, safetensors its files 0600
         if out.exists():
@@ -122,7 +102,7 @@ def export(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return Export(out, run, trained, length)
+    return Export(out, config, data, trained, length)
 
 
 def read_model(checkpoint: Path, config: LlamaConfig) -> Llama:

@@ -200,7 +200,8 @@ def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> 
     """Check the export at ``folder``; see the module docstring. Prints what it measured."""
     import transformers
 
-    from longctx.hf.export import EXPORT_RECORD, read_model, run_config_of  # export imports us
+    from longctx.hf.export import EXPORT_RECORD, llama_config, read_model  # export imports us
+    from longctx.runs.record import read_stored_run
 
     folder = Path(folder)
     if not interactive():  # transformers' loading bars, as longctx's own, only on a terminal
@@ -212,10 +213,10 @@ def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> 
         )
     record = json.loads(record_path.read_text())
     checkpoint = Path(record["checkpoint"])
-    run = run_config_of(checkpoint)
-    ours = read_model(checkpoint, run.model)
+    stored = read_stored_run(checkpoint)
+    ours = read_model(stored.checkpoint, llama_config(stored))
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    held = heldout_documents(run.data, documents, record["max_position_embeddings"] - 1)
+    held = heldout_documents(stored.data_config(), documents, record["max_position_embeddings"] - 1)
     diff, scale = logit_difference(ours, theirs.eval(), held.ids)
     print(
         f"logits on {len(held.ids)} held-out documents: max |diff| {diff:.3g} ({diff / scale:.3g} of max |logit| {scale:.3g})"

@@ -9,12 +9,11 @@ import json
 import pytest
 import torch
 import transformers
-from export_helpers import make_run, model_overrides
+from export_helpers import longctx_model, make_run, model_overrides
 from safetensors.torch import load_file
 
 from longctx.data.tokenizer import ByteTokenizer
-from longctx.hf.export import export, main, read_model, run_config_of
-from longctx.train.init_from import InitFromError
+from longctx.hf.export import export, main
 
 TEXT = "Packed documents,\n\ttabs and ünïcödé — 長い文脈 🙂 end.  "
 
@@ -37,7 +36,7 @@ def test_export_opens_in_transformers_with_the_same_logits(exported):
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert theirs.config.rope_parameters["factor"] == 4.0
     tokens = torch.randint(0, 259, (1, 100), generator=torch.Generator().manual_seed(1))
-    ours = read_model(run, run_config_of(run).model)
+    ours = longctx_model(run)
     from longctx.batch import PackedBatch
 
     batch = PackedBatch.from_lengths(tokens, [[100]], reset_position_ids=True)
@@ -105,7 +104,7 @@ def test_refuses_a_vocabulary_smaller_than_the_byte_tokenizer(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_refuses_a_non_empty_folder_and_a_checkpoint_without_its_run(tmp_path, capsys):
+def test_refuses_a_non_empty_folder(tmp_path, capsys):
     run = make_run(tmp_path)
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("mine")
@@ -116,12 +115,33 @@ def test_refuses_a_non_empty_folder_and_a_checkpoint_without_its_run(tmp_path, c
     assert err.startswith("error: --out ") and "taken exists and is not empty" in err
     assert len(err.splitlines()) == 1  # one line, no traceback
     assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
-    alone = tmp_path / "alone.ckpt"
-    (run / "checkpoints" / "last.ckpt").rename(alone)
-    with pytest.raises(InitFromError, match="no .*config.yaml to read the model config from"):
-        export(alone, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no staging left
+
+
+def test_the_config_comes_from_the_checkpoints_record_and_is_data(tmp_path, capsys):
+    """No .hydra/config.yaml is read; a record naming other code than longctx's config classes
+    is refused, naming the file and key, before anything is built."""
+    run = make_run(tmp_path, model_overrides(None) + ["model.rope_theta=10000"])
+    assert not (run / ".hydra").exists()
+    out = export(run, tmp_path / "hf").folder
+    assert json.loads((out / "config.json").read_text())["rope_theta"] == 10000.0
+    ckpt = run / "checkpoints" / "last.ckpt"
+    contents = torch.load(ckpt, weights_only=True)
+    contents["longctx_run"]["config"]["model"] = {
+        "_target_": "torch.load",
+        "f": str(tmp_path / "evil.pkl"),
+        "weights_only": False,
+    }
+    torch.save(contents, ckpt)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(run), "--out", str(tmp_path / "hf2")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert str(ckpt) in err and "model._target_='torch.load' is not one of longctx's" in err
+    del contents["longctx_run"]
+    torch.save(contents, ckpt)
+    with pytest.raises(ValueError, match="holds no run config"):
+        export(ckpt, tmp_path / "hf3")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".hf", "hf2", "hf3"))]
 
 
 def test_export_prints_what_it_wrote_and_the_next_command(tmp_path, capsys):

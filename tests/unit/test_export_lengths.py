@@ -11,10 +11,10 @@ import logging
 import pytest
 import torch
 import transformers
-from export_helpers import make_run, model_overrides
+from export_helpers import longctx_model, make_run, model_overrides
 
 from longctx.batch import PackedBatch
-from longctx.hf.export import export, read_model, run_config_of
+from longctx.hf.export import export
 
 # (rope_scaling, data.seq_len, extra overrides, expected max_position_embeddings)
 CASES = {
@@ -71,7 +71,7 @@ def test_lengths_and_config_validation_per_rope_type(tmp_path, case):
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tokens = torch.randint(0, 259, (1, expected), generator=torch.Generator().manual_seed(0))
     batch = PackedBatch.from_lengths(tokens, [[expected]], reset_position_ids=True)
-    ours = read_model(run, run_config_of(run).model)
+    ours = longctx_model(run)
     with torch.no_grad():  # up to the last position the export states
         want = model(input_ids=tokens, position_ids=batch.position_ids).logits
         torch.testing.assert_close(ours(batch), want, rtol=0, atol=1e-5 * float(want.abs().max()))

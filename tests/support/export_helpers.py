@@ -1,5 +1,6 @@
-"""Run folders for the export tests: the saved Hydra config and a checkpoint of a small random
-Llama built from it, in the layouts train.py writes (a .ckpt file or a sharded folder)."""
+"""Run folders for the export tests: a checkpoint of a small random Llama with the run record
+train.py stores in it (the resolved model and data config), in the layouts train.py writes (a
+.ckpt file, or a sharded folder with its meta.pt)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 import torch
 from helpers import CACHE_DIR, compose
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from longctx.model import Llama
+from longctx.runs.record import CHECKPOINT_KEY, RunRecord
+from longctx.train.app import recorded_config
 
 # tests/module_fixtures.SMALL with room for the byte tokenizer's 259 ids
 SHAPES = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=300)
@@ -31,27 +33,36 @@ def make_run(
     seed: int = 5,
     sharded: bool = False,
 ) -> Path:
-    """root/run with .hydra/config.yaml and checkpoints/last.ckpt (a folder when ``sharded``)."""
+    """root/run/checkpoints/last.ckpt (a folder when ``sharded``) with its run record."""
     run = root / "run"
     cfg = compose(
         (overrides or model_overrides())
         + [f"data.seq_len={seq_len}", f"paths.cache_dir={CACHE_DIR}"],
         output_dir=run,
     )
-    (run / ".hydra").mkdir(parents=True)
-    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     torch.manual_seed(seed)
     model = Llama(instantiate(cfg.model))
     state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}
+    record = {CHECKPOINT_KEY: RunRecord({}, recorded_config(cfg)).record}
     ckpt = run / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)
-    if sharded:
+    if sharded:  # the layout Lightning's FSDP2 strategy writes: tensors by DCP, the rest meta.pt
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(state, checkpoint_id=str(ckpt))  # the layout Lightning's FSDP2 strategy writes
+        dcp.save(state, checkpoint_id=str(ckpt))
+        torch.save(record, ckpt / "meta.pt")
     else:
-        torch.save(state, ckpt)
+        torch.save({**state, **record}, ckpt)
     return run
+
+
+def longctx_model(run: Path) -> Llama:
+    """longctx's Llama as the run's record and last checkpoint give it."""
+    from longctx.hf.export import llama_config, read_model
+    from longctx.runs.record import read_stored_run
+
+    stored = read_stored_run(run)
+    return read_model(stored.checkpoint, llama_config(stored))
 
 
 USER_SPECIALS = ["<pad>", "<s>", "</s>"]

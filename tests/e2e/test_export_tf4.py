@@ -1,5 +1,5 @@
 """Exports open in transformers 4.x too: the byte tokenizer's export and a user tokenizer's,
-checked by tests/export_tf4_check.py in a second virtualenv (scripts/setup_tf4_venv.sh) against
+checked by tests/scripts/export_tf4_check.py in a second virtualenv (scripts/setup_tf4_venv.sh) against
 the ids and logits longctx computes here."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from export_helpers import make_run, make_user_tokenizer, model_overrides
-from helpers import ROOT
+from export_helpers import longctx_model, make_run, make_user_tokenizer, model_overrides
+from helpers import ROOT, SCRIPTS
 
 from longctx.batch import PackedBatch
 from longctx.data.tokenizer import ByteTokenizer, HFTokenizer
-from longctx.hf.export import export, read_model, run_config_of
+from longctx.hf.export import export
 
 VENV = Path(os.environ.get("LONGCTX_TF4_VENV", ROOT / ".venv-tf4"))
 PYTHON = VENV / "bin" / "python"
@@ -37,7 +37,7 @@ def case(name: str, run: Path, out: Path, tokenizer, tmp_path: Path) -> dict:
     tokens = torch.randint(0, 259, (1, 60), generator=torch.Generator().manual_seed(3))
     batch = PackedBatch.from_lengths(tokens, [[60]], reset_position_ids=True)
     with torch.no_grad():
-        logits = read_model(run, run_config_of(run).model)(batch)[0]
+        logits = longctx_model(run)(batch)[0]
     torch.save(logits, tmp_path / f"{name}.pt")
     record = json.loads((out / "longctx_export.json").read_text())
     return {
@@ -65,7 +65,7 @@ def test_exports_open_in_transformers_4(tmp_path):
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of longctx
     proc = subprocess.run(
-        [str(PYTHON), str(ROOT / "tests" / "export_tf4_check.py"), str(tmp_path / "cases.json")],
+        [str(PYTHON), str(SCRIPTS / "export_tf4_check.py"), str(tmp_path / "cases.json")],
         capture_output=True,
         text=True,
         timeout=600,
