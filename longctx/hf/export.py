@@ -159,7 +159,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-@command
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     done = export(args.checkpoint, args.out, args.max_shard_size, args.tokenizer)

@@ -264,11 +264,12 @@ def add_verify_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tolerance", type=float, default=1e-4, help="max |diff| / max |logit|")
 
 
-@command
 def main(argv: list[str] | None = None) -> Verified:
     args = parse_args(argv)
     return verify(args.folder, args.documents, args.tolerance)
 
 
+cli = command(main)  # the console script and python -m: one-line errors, exit 2
+
 if __name__ == "__main__":
-    main()
+    cli()

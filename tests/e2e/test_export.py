@@ -13,7 +13,7 @@ from export_helpers import longctx_model, make_run, model_overrides
 from safetensors.torch import load_file
 
 from longctx.data.tokenizer import ByteTokenizer
-from longctx.hf.export import export, main
+from longctx.hf.export import cli, export, main
 
 TEXT = "Packed documents,\n\ttabs and ünïcödé — 長い文脈 🙂 end.  "
 
@@ -109,7 +109,7 @@ def test_refuses_a_non_empty_folder(tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("mine")
     with pytest.raises(SystemExit) as exit_info:
-        main([str(run), "--out", str(tmp_path / "taken")])
+        cli([str(run), "--out", str(tmp_path / "taken")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --out ") and "taken exists and is not empty" in err
@@ -133,7 +133,7 @@ def test_the_config_comes_from_the_checkpoints_record_and_is_data(tmp_path, caps
     }
     torch.save(contents, ckpt)
     with pytest.raises(SystemExit) as exit_info:
-        main([str(run), "--out", str(tmp_path / "hf2")])
+        cli([str(run), "--out", str(tmp_path / "hf2")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert str(ckpt) in err and "model._target_='torch.load' is not one of longctx's" in err

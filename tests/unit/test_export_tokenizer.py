@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from longctx.data.prepare import prepare
 from longctx.data.tokenizer import ByteTokenizer, HFTokenizer
-from longctx.hf.export import export, main
+from longctx.hf.export import cli, export
 from longctx.hf.export_tokenizer import write_byte_tokenizer
 
 LITERALS = ["<s>", "</s>", "<pad>", "<", "s>", "</", "pad>", "<|endoftext|>"]
@@ -152,7 +152,7 @@ def test_a_user_tokenizer_larger_than_the_model_is_refused(tmp_path, capsys):
     source = make_user_tokenizer(tmp_path / "tok", vocab_size=400)
     run = make_run(tmp_path, model_overrides(vocab_size=300))
     with pytest.raises(SystemExit) as exit_info:
-        main([str(run), "--out", str(tmp_path / "hf"), "--tokenizer", str(source)])
+        cli([str(run), "--out", str(tmp_path / "hf"), "--tokenizer", str(source)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     size = HFTokenizer(source).vocab_size

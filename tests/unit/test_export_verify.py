@@ -13,7 +13,7 @@ from export_helpers import make_run
 from safetensors.torch import load_file, save_file
 
 from longctx.hf.export import export
-from longctx.hf.verify import TASK_NAME, main, verify
+from longctx.hf.verify import TASK_NAME, cli, verify
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_verify_beyond_tolerance_exits_naming_the_max_difference(tmp_path, capsy
     weights["model.norm.weight"] = weights["model.norm.weight"] * 1.5  # not the trained model
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(SystemExit) as exit_info:
-        main([str(out), "--documents", "1"])
+        cli([str(out), "--documents", "1"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
