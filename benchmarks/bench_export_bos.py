@@ -53,8 +53,8 @@ def prepare_arms(work: Path) -> dict[str, Path]:
     return {"A": plain, "B": bos}
 
 
-def train(name: str, shards: Path, work: Path, steps: int) -> Path:
-    root = work / f"run_{name}"
+def train(name: str, shards: Path, work: Path, steps: int, seed: int) -> Path:
+    root = work / (f"run_{name}" if seed == 0 else f"run_{name}_s{seed}")
     if not list(root.glob("outputs/*/*/checkpoints/last.ckpt")):
         args = [
             "model=tiny",
@@ -72,7 +72,7 @@ def train(name: str, shards: Path, work: Path, steps: int) -> Path:
             "callbacks=default",
             f"paths.root_dir={root}",
             f"paths.cache_dir={CACHE}",
-            "seed=0",
+            f"seed={seed}",
         ]
         env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
         subprocess.run([sys.executable, str(ROOT / "train.py"), *args], check=True, env=env)
@@ -102,17 +102,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--documents", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0, help="model init and data order of both arms")
     ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "results" / "export_bos")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     folders = prepare_arms(args.work)
-    ckpts = {name: train(name, folder, args.work, args.steps) for name, folder in folders.items()}
-    eos = ByteTokenizer.EOS
+    ckpts = {n: train(n, f, args.work, args.steps, args.seed) for n, f in folders.items()}
+    eos, tag = ByteTokenizer.EOS, "" if args.seed == 0 else f"_s{args.seed}"
     results = {
-        "A": score(ckpts["A"], args.work / "hf_A", args.documents, {"eos": eos}),
-        "B": score(ckpts["B"], args.work / "hf_B", args.documents, {}),
+        "A": score(ckpts["A"], args.work / f"hf_A{tag}", args.documents, {"eos": eos}),
+        "B": score(ckpts["B"], args.work / f"hf_B{tag}", args.documents, {}),
     }
-    print(f"\nbits per byte on {args.documents} held-out documents after {args.steps} steps")
+    print(
+        f"\nbits per byte on {args.documents} held-out documents after {args.steps} steps, seed {args.seed}"
+    )
     print(f"{'arm':<28}{'lm-eval':>10}{'longctx own':>13}")
     rows = [
         ("A no BOS, lm-eval BOS prefix", results["A"]["bos"], results["A"]["longctx_own"]),
@@ -121,8 +124,10 @@ def main() -> None:
     ]
     for label, lm, own in rows:
         print(f"{label:<28}{lm:>10.4f}{own:>13.4f}")
-    record = {"steps": args.steps, "documents": args.documents, "results": results}
     path = ROOT / "benchmarks" / "results" / "export_bos.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    record = {k: v for k, v in record.items() if k.startswith("seed")}  # one entry per seed
+    record[f"seed{args.seed}"] = {"steps": args.steps, "documents": args.documents, **results}
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
 
