@@ -143,7 +143,7 @@ def _grouped(results: Sequence[dict], keys: Sequence[str]) -> list[dict]:
     cells: dict[tuple, list[dict]] = {}
     for r in results:
         cells.setdefault(tuple(r[k] for k in keys), []).append(r)
-    return [_cell(dict(zip(keys, key)), rows) for key, rows in sorted(cells.items())]
+    return [_cell(dict(zip(keys, key, strict=True)), rows) for key, rows in sorted(cells.items())]
 
 
 def cell_table(results: Sequence[dict]) -> list[dict]:

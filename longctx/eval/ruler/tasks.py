@@ -41,190 +41,23 @@ CODED_VOCAB = 20  # frequent_words: distinct coded words per instance
 SPAN = 12  # copy: letters of the span
 
 # keys, list words: short plain words (two joined by a hyphen make a key)
-WORDS = tuple(
-    [
-        "apple",
-        "arrow",
-        "autumn",
-        "badge",
-        "baker",
-        "banner",
-        "barrel",
-        "basket",
-        "beacon",
-        "berry",
-        "blanket",
-        "bottle",
-        "branch",
-        "breeze",
-        "bridge",
-        "bucket",
-        "butter",
-        "button",
-        "cabin",
-        "camera",
-        "candle",
-        "canyon",
-        "carpet",
-        "castle",
-        "cedar",
-        "chalk",
-        "cherry",
-        "circle",
-        "cliff",
-        "clock",
-        "cloud",
-        "clover",
-        "cobalt",
-        "coffee",
-        "copper",
-        "corner",
-        "cotton",
-        "crayon",
-        "crystal",
-        "current",
-        "curtain",
-        "daisy",
-        "desert",
-        "dinner",
-        "dolphin",
-        "domino",
-        "dragon",
-        "drum",
-        "eagle",
-        "echo",
-        "ember",
-        "engine",
-        "falcon",
-        "feather",
-        "fence",
-        "fern",
-        "fiddle",
-        "field",
-        "flame",
-        "forest",
-        "fossil",
-        "fountain",
-        "garden",
-        "garnet",
-        "ginger",
-        "glacier",
-        "glove",
-        "granite",
-        "guitar",
-        "hammer",
-        "harbor",
-        "harvest",
-        "hazel",
-        "helmet",
-        "hollow",
-        "honey",
-        "horizon",
-        "island",
-        "ivory",
-        "jacket",
-        "jasmine",
-        "jungle",
-        "kettle",
-        "kitten",
-        "ladder",
-        "lantern",
-        "lemon",
-        "letter",
-        "lily",
-        "linen",
-        "lizard",
-        "magnet",
-        "maple",
-        "marble",
-        "meadow",
-        "melon",
-        "mirror",
-        "monkey",
-        "mountain",
-        "muffin",
-        "napkin",
-        "needle",
-        "nickel",
-        "noodle",
-        "oasis",
-        "ocean",
-        "olive",
-        "orbit",
-        "orchid",
-        "otter",
-        "paddle",
-        "painter",
-        "panda",
-        "paper",
-        "parrot",
-        "pebble",
-        "pencil",
-        "pepper",
-        "piano",
-        "pillow",
-        "pirate",
-        "planet",
-        "pocket",
-        "pony",
-        "puzzle",
-        "quartz",
-        "quill",
-        "rabbit",
-        "radar",
-        "raven",
-        "ribbon",
-        "river",
-        "rocket",
-        "saddle",
-        "salmon",
-        "satin",
-        "shadow",
-        "shell",
-        "silver",
-        "sketch",
-        "socket",
-        "spider",
-        "spoon",
-        "spring",
-        "squash",
-        "stable",
-        "star",
-        "stone",
-        "sugar",
-        "summit",
-        "sunset",
-        "tablet",
-        "temple",
-        "thistle",
-        "thunder",
-        "ticket",
-        "tiger",
-        "timber",
-        "toast",
-        "tomato",
-        "topaz",
-        "tower",
-        "trumpet",
-        "tulip",
-        "tunnel",
-        "turtle",
-        "umbrella",
-        "valley",
-        "velvet",
-        "violet",
-        "wagon",
-        "walnut",
-        "whistle",
-        "willow",
-        "window",
-        "winter",
-        "wizard",
-        "yarrow",
-        "zebra",
-        "zephyr",
-    ]
-)
+_WORD_LIST = """
+    apple arrow autumn badge baker banner barrel basket beacon berry blanket bottle branch
+    breeze bridge bucket butter button cabin camera candle canyon carpet castle cedar chalk
+    cherry circle cliff clock cloud clover cobalt coffee copper corner cotton crayon crystal
+    current curtain daisy desert dinner dolphin domino dragon drum eagle echo ember engine
+    falcon feather fence fern fiddle field flame forest fossil fountain garden garnet ginger
+    glacier glove granite guitar hammer harbor harvest hazel helmet hollow honey horizon island
+    ivory jacket jasmine jungle kettle kitten ladder lantern lemon letter lily linen lizard
+    magnet maple marble meadow melon mirror monkey mountain muffin napkin needle nickel noodle
+    oasis ocean olive orbit orchid otter paddle painter panda paper parrot pebble pencil pepper
+    piano pillow pirate planet pocket pony puzzle quartz quill rabbit radar raven ribbon river
+    rocket saddle salmon satin shadow shell silver sketch socket spider spoon spring squash
+    stable star stone sugar summit sunset tablet temple thistle thunder ticket tiger timber
+    toast tomato topaz tower trumpet tulip tunnel turtle umbrella valley velvet violet wagon
+    walnut whistle willow window winter wizard yarrow zebra zephyr
+"""
+WORDS = tuple(_WORD_LIST.split())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +125,10 @@ def _niah(rng, enc, depth, digits, distractors: int) -> Layout:
     depths = [depth] + [rng.random() for _ in range(distractors)]
     prefix = " The magic number for {} is"
     return Layout(
-        inserts=[(d, _needle(enc, prefix.format(k), v)) for d, k, v in zip(depths, keys, values)],
+        inserts=[
+            (d, _needle(enc, prefix.format(k), v))
+            for d, k, v in zip(depths, keys, values, strict=True)
+        ],
         question=_cat(
             enc(f" What is the magic number for {keys[0]}?"), enc(prefix.format(keys[0]))
         ),
@@ -305,10 +141,11 @@ def niah_multivalue(rng, enc, budget, depth, digits) -> Layout:
     key = _keys(rng, 1)[0]
     values = [_number(rng, digits) for _ in range(NEEDLES)]
     depths = [depth] + [rng.random() for _ in range(NEEDLES - 1)]
-    in_order = [v for _, v in sorted(zip(depths, values), key=lambda dv: dv[0])]
+    in_order = [v for _, v in sorted(zip(depths, values, strict=True), key=lambda dv: dv[0])]
     return Layout(
         inserts=[
-            (d, _needle(enc, f" A magic number for {key} is", v)) for d, v in zip(depths, values)
+            (d, _needle(enc, f" A magic number for {key} is", v))
+            for d, v in zip(depths, values, strict=True)
         ],
         question=enc(f" What are all the magic numbers for {key}? The magic numbers for {key} are"),
         answer=_listing(enc, in_order),
@@ -325,7 +162,10 @@ def niah_multiquery(rng, enc, budget, depth, digits) -> Layout:
     names = [keys[i] for i in asked]
     prefix = " The magic number for {} is"
     return Layout(
-        inserts=[(d, _needle(enc, prefix.format(k), v)) for d, k, v in zip(depths, keys, values)],
+        inserts=[
+            (d, _needle(enc, prefix.format(k), v))
+            for d, k, v in zip(depths, keys, values, strict=True)
+        ],
         question=enc(
             f" What are the magic numbers for {', '.join(names[:-1])} and {names[-1]}? They are"
         ),  # fmt: skip
@@ -348,7 +188,7 @@ def variable_tracking(rng, enc, budget, depth, digits) -> Layout:
     other_depths = sorted(rng.random() for _ in range(NEEDLES))
     inserts = []
     for names_, first, depths in ((chain, value, chain_depths), (other, other_value, other_depths)):
-        for i, (d, name) in enumerate(zip(depths, names_)):
+        for i, (d, name) in enumerate(zip(depths, names_, strict=True)):
             source = first if i == 0 else f"VAR {names_[i - 1]}"
             inserts.append((d, _cat(enc(f" VAR {name} ="), enc(f" {source}"), enc(". "))))
     return Layout(
@@ -401,7 +241,7 @@ def frequent_words(rng, enc, budget, depth, digits) -> Layout:
     counts = [max(1, int(entries / (r * harmonic))) for r in range(1, CODED_VOCAB + 1)]
     if sum(counts) > entries or not counts[0] > counts[1] > counts[2] > counts[3]:
         raise _too_short("frequent_words", budget)
-    items = [w for w, c in zip(coded, counts) for _ in range(c)]
+    items = [w for w, c in zip(coded, counts, strict=True) for _ in range(c)]
     rng.shuffle(items)
     return Layout(
         inserts=[(1.0, _cat(enc(" Coded text:"), *(pieces[w] for w in items)))],
