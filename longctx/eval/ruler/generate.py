@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from longctx.eval.ruler.instances import (
     Instance,
+    Layout,
     NoiseHaystack,
     RulerInputError,
     assemble,
@@ -70,13 +71,28 @@ def make_instance(
     if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1:
         raise RulerInputError(f"digits={digits!r}; expected an int >= 1")
     rng = rng_for(name, seed, length, depth, sample)
+    tokens, layout, reference = build_tokens(spec, tokenizer, length, depth, rng, haystack, digits)
+    distance = None if reference is None else len(tokens) - len(layout.answer) - reference[0]
+    return Instance(
+        name, length, depth, sample, seed, tokens, layout.answer_text, len(layout.answer),
+        reference, distance,
+    )  # fmt: skip
+
+
+def build_tokens(spec: Task, tokenizer, length: int, depth: float, rng, haystack, digits: int):
+    """(tokens [length + 1], the layout, the reference span) of one instance drawn from ``rng``."""
     enc = lambda text: encode(tokenizer, text)  # noqa: E731
     try:
         layout = spec.build(rng, enc, length + 1, depth, digits)
     except _TooShort as err:
         raise RulerInputError(
-            f"{name} length={length} is too short ({err}); evaluate at a longer length"
+            f"{spec.name} length={length} is too short ({err}); evaluate at a longer length"
         ) from None
+    return fill(layout, spec.name, tokenizer, length, rng, haystack if spec.uses_haystack else None)
+
+
+def fill(layout: Layout, name: str, tokenizer, length: int, rng, haystack):
+    """The layout with the haystack (noise when None) filling the rest of ``length + 1``."""
     n_filler = length + 1 - layout.fixed_tokens
     if n_filler < 0:
         raise RulerInputError(
@@ -84,13 +100,9 @@ def make_instance(
             f"{layout.fixed_tokens - 1} input tokens (the task's minimum); evaluate at a longer "
             "length"
         )
-    source = resolve_haystack(haystack) if spec.uses_haystack else NoiseHaystack()
+    source = NoiseHaystack() if haystack is None else resolve_haystack(haystack)
     tokens, reference = assemble(layout, source.tokens(tokenizer, rng, n_filler))
-    distance = None if reference is None else len(tokens) - len(layout.answer) - reference[0]
-    return Instance(
-        name, length, depth, sample, seed, tokens, layout.answer_text, len(layout.answer),
-        reference, distance,
-    )  # fmt: skip
+    return tokens, layout, reference
 
 
 def make_instances(
