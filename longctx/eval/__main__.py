@@ -1,6 +1,6 @@
-"""python -m longctx.eval CHECKPOINT [--seq-len L] [--out DIR] [--backend NAME] ..."""
+"""python -m longctx.eval CHECKPOINT [--seq-len L] [--out DIR] [--suite ruler] [--hf DIR] ..."""
 
-from longctx.eval.cli import main
+from longctx.eval.cli import command_line
 
 if __name__ == "__main__":
-    main()
+    command_line()

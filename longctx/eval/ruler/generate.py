@@ -75,7 +75,7 @@ def make_instance(
     distance = None if reference is None else len(tokens) - len(layout.answer) - reference[0]
     return Instance(
         name, length, depth, sample, seed, tokens, layout.answer_text, len(layout.answer),
-        reference, distance,
+        reference, distance, len(layout.question),
     )  # fmt: skip
 
 

@@ -39,7 +39,8 @@ class Instance:
 
     ``answer``: the answer as text (without its leading separator). ``reference``: the
     (start, stop) token span of the first occurrence of what the answer repeats (copy-at-distance
-    scores the repeat against it), and ``distance`` the tokens between the two starts.
+    scores the repeat against it), and ``distance`` the tokens between the two starts. The
+    question is the ``question_len`` tokens before the answer; the context is all before it.
     """
 
     task: str
@@ -52,6 +53,7 @@ class Instance:
     answer_len: int
     reference: tuple[int, int] | None = None
     distance: int | None = None
+    question_len: int = 0
 
     def labels(self) -> np.ndarray:
         """int64 [length]: the answer (and reference) tokens at the positions that predict them."""
@@ -204,8 +206,8 @@ def resolve_haystack(spec, cache_dir: str | None = None):
 # --------------------------------------------------------------------------- inspection
 def instance_record(instance: Instance, tokenizer) -> dict:
     """One JSONL row: what the model reads, the answer, and a digest of the token ids."""
-    inputs = instance.tokens[: -instance.answer_len]
     answer = instance.tokens[-instance.answer_len :]
+    question_start = len(instance.tokens) - instance.answer_len - instance.question_len
     return {
         "task": instance.task,
         "length": instance.length,
@@ -215,7 +217,8 @@ def instance_record(instance: Instance, tokenizer) -> dict:
         "answer": instance.answer,
         "answer_text": tokenizer.decode(answer),
         "answer_tokens": [int(t) for t in answer],
-        "context": tokenizer.decode(inputs),
+        "context": tokenizer.decode(instance.tokens[:question_start]),
+        "question": tokenizer.decode(instance.tokens[question_start : -instance.answer_len]),
         "distance": instance.distance,
         "tokens_sha256": tokens_digest([instance]),
     }

@@ -123,7 +123,9 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact at the bounds
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
 
 
 def _cell(keys: dict, rows: list[dict]) -> dict:
