@@ -193,9 +193,13 @@ def test_the_needle_sits_at_its_depth():
         i = make_instance("niah_single", TOK, 400, depth, seed=2)
         text = TOK.decode(i.tokens)
         needle = text.index(" The magic number for")
-        filler = len(text) - len(" The magic number for") - len(f" is {i.answer}. ") - len(
-            text[-(i.answer_len + i.question_len) :]
-        ) - (len(text.split(" The magic number for")[1].split(" is ")[0]))
+        filler = (
+            len(text)
+            - len(" The magic number for")
+            - len(f" is {i.answer}. ")
+            - len(text[-(i.answer_len + i.question_len) :])
+            - (len(text.split(" The magic number for")[1].split(" is ")[0]))
+        )
         assert needle == round(depth * filler)
 
 
@@ -411,3 +415,41 @@ def test_the_callback_refuses_bad_settings_before_training():
     callback = RulerEval(tasks=["passkey", "copy"], lengths=[256, 512], samples=1)
     callback.setup(trainer, module, "fit")
     assert len(callback.instances) == 2 * 2 * 3
+
+
+def fake_sweep(root, correct_at) -> None:
+    """Run folders as a sweep leaves them: two arms (W&B groups) x two seeds, scored alike."""
+    from omegaconf import OmegaConf
+
+    for arm, lengths_right in correct_at.items():
+        for seed in (0, 1):
+            run = root / f"{arm}_s{seed}"
+            (run / ".hydra").mkdir(parents=True)
+            OmegaConf.save({"group": arm, "seed": seed}, run / ".hydra" / "config.yaml")
+            rows = [
+                {"step": step, "seed": 0, "task": task, "length": n, "depth": d, "sample": s,
+                 "correct": step == 9 and n in lengths_right}
+                for step in (5, 9) for task in ("passkey", "copy") for n in (64, 128)
+                for d in (0.0, 1.0) for s in range(5)
+            ]  # fmt: skip
+            (run / "eval").mkdir()
+            pd.DataFrame(rows).to_csv(run / "eval" / "ruler_results.csv", index=False)
+
+
+def test_the_sweep_report_pairs_arms_over_instances_and_seeds(tmp_path):
+    from longctx.eval.ruler import report
+
+    fake_sweep(tmp_path, {"mix": (64, 128), "nomix": (64,)})
+    out = tmp_path / "summary.json"
+    summary = report.main([str(tmp_path), "--arm-by", "group", "--control", "mix",
+                           "--json", str(out), "--note", "fake"])  # fmt: skip
+    assert json.loads(out.read_text())["control"] == "mix" and out.with_suffix(".png").is_file()
+    arms = {a["arm"]: a for a in summary["arms"]}
+    assert arms["mix"]["effective_length"] == 128 and arms["nomix"]["effective_length"] == 64
+    assert arms["nomix"]["seed_effective_lengths"] == {0: 64, 1: 64}
+    assert arms["mix"]["seeds"] == [0, 1] and summary["instance_seed"] == 0
+    (pair,) = summary["pairs"]
+    by_length = {r["length"]: r for r in pair["by_length"]}
+    assert by_length[64]["delta"] == 0.0 and by_length[64]["verdict"] == "within noise"
+    assert by_length[128]["delta"] == -1.0 and by_length[128]["ci"] == [-1.0, -1.0]
+    assert by_length[128]["verdict"] == "differs"
