@@ -124,7 +124,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--seq-len", type=int, default=None, help="validation row length (default: run's)"
     )
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: <run>/eval)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: <run>/eval; --suite ruler: <run>/eval/ruler)",
+    )
     p.add_argument("--backend", default=None, help="attention backend (default: the run's)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache-dir", default=None, help="prepared-corpus cache (data.cache_dir)")
@@ -209,8 +214,9 @@ def run(args: argparse.Namespace) -> dict:
         check_lengths(args, model_config.max_seq_len, data_config.seq_len)
     model = load_model(state, args.checkpoint, model_config, args.device)
     datamodule = LongCtxDataModule(data_config)
-    if args.suite == "ruler":
+    if args.suite == "ruler":  # beside the in-loop callback's eval/ruler_*, not over them
         tokenizer = load_tokenizer(datamodule.manifest.tokenizer)
+        out = args.out or out / "ruler"
         return run_suite(model, tokenizer, settings, out, args.device, data_config.cache_dir)
     acc = position_loss(model, datamodule, args.device)
     summary = {

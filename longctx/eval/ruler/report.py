@@ -1,7 +1,8 @@
 """python -m longctx.eval.ruler.report ROOT: the suite per arm of a sweep, paired, with heat maps.
 
-ROOT holds run folders (any depth) whose ``eval/ruler_results.csv`` the suite wrote (the
-in-loop callback: its last step is read; or ``python -m longctx.eval ... --suite ruler``).
+ROOT holds run folders (any depth) that the suite scored: ``eval/ruler/ruler_results.csv`` (the
+final ``python -m longctx.eval ... --suite ruler``) or else ``eval/ruler_results.csv`` (the in-loop
+callback: its last step).
 Every run was scored on the same instances (one instance seed), so arms are compared paired:
 
 - per arm and length: the suite score (mean accuracy over the tasks), its 95% bootstrap interval
@@ -31,7 +32,8 @@ from longctx.ablation import bootstrap_difference, bootstrap_loss, interval, ver
 from longctx.eval.ruler.generate import chance
 from longctx.eval.ruler.scoring import effective_length
 
-RESULTS = Path("eval") / "ruler_results.csv"
+# the final evaluation (python -m longctx.eval ... --suite ruler), else the in-loop callback's
+RESULTS = (Path("eval") / "ruler" / "ruler_results.csv", Path("eval") / "ruler_results.csv")
 ARM_BY = ("position", "rope_arm", "group")
 INSTANCE = ["task", "length", "depth", "sample"]
 
@@ -61,8 +63,8 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
         raise ValueError(f"--arm-by {arm_by!r}; expected one of {ARM_BY}")
     frames = []
     for folder in find_runs(root):
-        path = folder / RESULTS
-        if not path.is_file():
+        path = next((folder / r for r in RESULTS if (folder / r).is_file()), None)
+        if path is None:
             continue  # a run the suite did not score (stage 1 of a recipe, say)
         rows = pd.read_csv(path)
         if "step" in rows:  # the callback's: every validation, the instance seed per row
@@ -74,7 +76,9 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
         frames.append(rows.assign(arm=arm_of(folder, config, arm_by), seed_train=config["seed"],
                                   run=str(folder.relative_to(root))))  # fmt: skip
     if not frames:
-        raise FileNotFoundError(f"no run folder under {root} holds {RESULTS}")
+        raise FileNotFoundError(
+            f"no run folder under {root} holds {' or '.join(map(str, RESULTS))}"
+        )
     return pd.concat(frames, ignore_index=True)
 
 
