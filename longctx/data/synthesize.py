@@ -18,7 +18,8 @@ answer back to its needle reach the row length. Tasks:
 
 The documents of the tasks alternate (document i is task i mod T). The folder is a normal
 prepared folder (its train split), so ``data.shards=[embedded, DIR]`` with ``data.weights``
-mixes it with the embedded corpus.
+mixes it with the embedded corpus. The weights choose sources per *document*: an embedded
+chapter is ~3,600 tokens, so a token share needs the ratio of mean lengths (printed at the end).
 
 Disjoint from what the suite evaluates: the haystack is the embedded corpus's *training*
 chapters (the suite's default haystack is the held-out books, which no training row holds), and
@@ -222,7 +223,10 @@ def main(argv: Sequence[str] | None = None) -> Manifest:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     train = manifest.splits["train"]
-    print(f"{args.out}: {train.documents} documents, {train.tokens} tokens ({manifest.dtype})")
+    print(
+        f"{args.out}: {train.documents} documents, {train.tokens} tokens ({manifest.dtype}), "
+        f"{train.tokens / train.documents:.0f} per document (data.weights are per document)"
+    )
     return manifest
 
 
