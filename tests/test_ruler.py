@@ -318,7 +318,7 @@ def trained_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rulerrun")
     run_train([*FAST, "run_name=r", "model=tiny_long", "logger=[csv,wandb]", "callbacks=ruler",
                "data.seq_len=128", "trainer.max_steps=2", "trainer.val_check_interval=1",
-               "callbacks.ruler.tasks=[passkey,copy]", "callbacks.ruler.lengths=[64,128]",
+               "callbacks.ruler.tasks=[passkey,copy]", "callbacks.ruler.lengths=[96,128]",
                "callbacks.ruler.depths=[0.0,1.0]", "callbacks.ruler.samples=2"], tmp)  # fmt: skip
     return tmp / "outputs" / "train" / "r"
 
@@ -346,8 +346,8 @@ def test_the_callback_logs_the_suite_and_its_wandb_table(trained_run):
         expected[["task", "length", "depth", "n"]].values.tolist()
     )
     assert np.allclose(table["accuracy"], expected["accuracy"])
-    history = {(s, k): v for s, k, v in wandb_file_history(run_file)}
-    assert history[(2, "val/ruler/copy/128")] == pytest.approx(
+    last = {k: v for _, k, v in sorted(wandb_file_history(run_file))}  # the last validation's
+    assert last["val/ruler/copy/128"] == pytest.approx(
         next(r["accuracy"] for r in report["lengths"] if r["task"] == "copy" and r["length"] == 128)
     )
 
