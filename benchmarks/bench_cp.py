@@ -35,8 +35,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from longctx.batch import PackedBatch
+from longctx.distributed.context_parallel import context_shard, gather_row
 from longctx.model import Llama, LlamaConfig
-from longctx.model.context_parallel import context_shard, gather_row
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_step import data_parallel_step, make_batch  # noqa: E402  (lognormal documents)

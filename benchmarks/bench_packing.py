@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longctx.packing import collate_rows, make_packer, plan_rows
+from longctx.data.packing import collate_rows, make_packer, plan_rows
 
 PACKERS = ("concat_chunk", "best_fit")
 SEQ_LENS = (8192, 131072)

@@ -37,7 +37,7 @@ RESULTS = Path(__file__).parent / "results"
 TARGET = 0.15  # |predicted / measured - 1| the issue asks for on CPU (0.10 on a GPU)
 # glibc settings of a worker. "live": every block above 64 KiB is its own mmap, unmapped when
 # freed, so peak RSS follows the tensors alive at once (what the plan counts). "retain": as
-# train.py runs on CPU (longctx.cpu_memory): freed blocks stay in the heap for reuse, and the
+# train.py runs on CPU (longctx.train.cpu_memory): freed blocks stay in the heap for reuse, and the
 # heap's fragmentation comes on top.
 MALLOC_ENV = {"live": {"MALLOC_MMAP_THRESHOLD_": "65536"}, "retain": {}}
 
@@ -63,9 +63,9 @@ def rank_worker(
     import torch
     import torch.distributed as dist
 
-    from longctx.cpu_memory import retain_freed_memory
+    from longctx.distributed.context_parallel import context_shard
     from longctx.model import Llama
-    from longctx.model.context_parallel import context_shard
+    from longctx.train.cpu_memory import retain_freed_memory
 
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_step import data_parallel_step, make_batch

@@ -5,7 +5,7 @@ transformers' LlamaForCausalLM with the same weights on the same documents, pack
 its docs recommend (one row, reset position_ids, attention_mask=None, use_cache=False,
 attn_implementation="sdpa"), and run document by document. Every (implementation, L) runs in
 a fresh subprocess so ru_maxrss is that run's peak RSS. Every run keeps freed memory for reuse
-(longctx.cpu_memory, as train.py does on CPU) and runs in fp32, except for extra rows at 16k:
+(longctx.train.cpu_memory, as train.py does on CPU) and runs in fp32, except for extra rows at 16k:
 longctx with glibc's default malloc (what that setting is worth), and longctx and transformers
 under bf16 autocast (trainer.precision=bf16-mixed; AMX matmuls on this CPU).
 
@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
-from longctx.cpu_memory import retain_freed_memory
 from longctx.hf.checkpoint import config_to_hf, to_hf_name
 from longctx.model import Llama, LlamaConfig, estimate_flops
+from longctx.train.cpu_memory import retain_freed_memory
 
 RESULTS = Path(__file__).parent / "results"
 HF_PACKED_MAX_LEN = 16384  # above this its dense [L, L] mask would not fit: reported n/a
@@ -301,7 +301,7 @@ def main() -> None:
         threads=2, torch=torch.__version__, backend="sdpa", reset_position_ids=True,
         lengths="one row per L, lognormal median 600 sigma 1.0 (seed 0), last document cut",
         precision="fp32, or bf16: torch.autocast('cpu', bfloat16) over fp32 weights",
-        malloc="retain: longctx.cpu_memory.retain_freed_memory(); default: glibc's own",
+        malloc="retain: longctx.train.cpu_memory.retain_freed_memory(); default: glibc's own",
         load_average_at_end=os.getloadavg(),
     )  # fmt: skip
     out.write_text(json.dumps(dict(meta=meta, rows=rows, ratios=ratios), indent=2))

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 
 from longctx.batch import PackedBatch
 from longctx.model.attention import AttentionMetadata, attention, build_attention_metadata
-from longctx.model.attention_flash import available_flash_impls
-from longctx.model.attention_sdpa import build_sdpa_plan
+from longctx.model.attention.flash import available_flash_impls
+from longctx.model.attention.sdpa import build_sdpa_plan
 
 H200_BF16_PEAK_FLOPS = 989e12
 

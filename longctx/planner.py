@@ -19,7 +19,7 @@ Step time is a roofline: model FLOPs (``longctx.model.estimate_flops``, attentio
 documents only) over peak x MFU, plus FSDP2's parameter traffic where it outlasts compute
 (prefetched, so it overlaps) and the K/V all-gather, which sits on the critical path.
 
-    python benchmarks/plan_table.py   # the README's Llama 3 8B table -> results/planning_table.json
+    python benchmarks/plan_table.py   # docs/planner.md's Llama 3 8B table -> results/planning_table.json
 """
 
 from __future__ import annotations
@@ -522,7 +522,7 @@ def known_device(name: str, baseline_bytes: int = CUDA_RUNTIME_BYTES) -> Device:
     if key is None:
         raise PlanError(
             f"device {name!r} is not one the planner knows ({sorted(KNOWN_DEVICES)}): set "
-            "trainer.device_memory_gb and peak_flops_per_device"
+            "planner.device_memory_gb and peak_flops_per_device"
         )
     memory_gb, peak = KNOWN_DEVICES[key]
     return Device(key, int(memory_gb * 1e9), peak, baseline_bytes, "CUDA context + NCCL (stated)")

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from longctx.batch import PackedBatch
 from longctx.data.config import DataConfig
 from longctx.data.corpus import EMBEDDED, default_corpus_dir
+from longctx.data.packing import PackedRow, collate_rows, make_packer
 from longctx.data.shards import Manifest, ShardSet, load_manifest
 from longctx.data.streams import (
     STATE_VERSION,
@@ -39,8 +40,7 @@ from longctx.data.streams import (
     slot_probabilities,
     upsampled_slots,
 )
-from longctx.distributed.context import data_parallel_rank_and_size
-from longctx.packing import PackedRow, collate_rows, make_packer
+from longctx.distributed.context_parallel import data_parallel_rank_and_size
 
 
 def _identity(batch):

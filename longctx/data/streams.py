@@ -60,8 +60,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from longctx.batch import PackedBatch
 from longctx.data.config import DataConfig
+from longctx.data.packing import PackedRow, collate_rows, make_packer
 from longctx.data.shards import ShardSet
-from longctx.packing import PackedRow, collate_rows, make_packer
 
 # 2: global rows consumed and global stream positions (elastic resume); 1 was per rank
 STATE_VERSION = 2

@@ -144,7 +144,7 @@ def swap_into_place(tmp: Path, final: Path) -> None:
     """Rename a finished checkpoint (file or folder) to ``final``, replacing an older one.
 
     A folder cannot be renamed over a folder, so the old one moves aside to ``final.old`` first;
-    between the two renames a resume finds ``final.old`` (see longctx.checkpoint).
+    between the two renames a resume finds ``final.old`` (see longctx.runs.checkpoints).
     """
     old = final.with_name(final.name + ".old")
     if old.exists():

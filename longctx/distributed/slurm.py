@@ -3,7 +3,7 @@ requeueing a preempted job so that it resumes from the checkpoint it just wrote.
 
 Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default) installs a SIGUSR1 handler
 that saves an "hpc" checkpoint *inside the signal handler* and requeues; that would race
-``longctx.callbacks.SaveOnSignal``, which checkpoints at the next step boundary. Under SLURM
+``longctx.train.callbacks.SaveOnSignal``, which checkpoints at the next step boundary. Under SLURM
 the app therefore passes ``SLURMEnvironment(auto_requeue=False)`` and SaveOnSignal requeues.
 """
 
@@ -15,7 +15,7 @@ import socket
 import subprocess
 
 # written into the run folder when a job was requeued after a checkpoint: the next start of
-# the same run resumes from checkpoints/last.ckpt (see longctx.checkpoint.auto_resume_path)
+# the same run resumes from checkpoints/last.ckpt (see longctx.runs.checkpoints.auto_resume_path)
 PREEMPTED_MARKER = "PREEMPTED"
 
 

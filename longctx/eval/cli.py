@@ -1,27 +1,26 @@
 """python -m longctx.eval CHECKPOINT: per-position loss and the passkey probe of a trained run.
 
-``--suite ruler`` scores the effective-length suite instead (longctx.eval.ruler: tasks, lengths,
-depths, 95% CIs, effective length), on a checkpoint or, with ``--hf DIR``, on any local
-transformers causal LM folder with plain transformers; results go to ``--out`` as CSV and JSON.
-
 The model and data config stored in the checkpoint (by train.py) rebuild the model as it was
 trained; the checkpoint is read weights-only (a checkpoint is data: a crafted pickle in one
 must not run code), and its ``model.*`` weights are loaded; the fixed validation set gives the loss by
 position bucket; the long held-out documents give it out to ``--long-factor`` x seq_len
 (longctx.eval.long_documents); the passkey probe gives accuracy by context length (up to the same
 length) and needle depth. Results go to ``--out`` (default ``<run>/eval``) as CSV and JSON.
+
+``--suite ruler`` scores the effective-length suite instead (longctx.eval.ruler: tasks, lengths,
+depths, 95% CIs, effective length), on a checkpoint or, with ``--hf DIR``, on any local
+transformers causal LM folder with plain transformers; results go to ``--out`` as CSV and JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from longctx.cli import command
 from longctx.eval.files import write_json, write_rows
 from longctx.eval.long_documents import (
     check_eval_length,
@@ -41,47 +40,17 @@ from longctx.eval.probes import (
 from longctx.eval.ruler.callback import default_lengths as default_ruler_lengths
 from longctx.eval.ruler.instances import RulerInputError
 from longctx.eval.ruler.suite import SuiteSettings, run_suite
+from longctx.runs.folder import run_folder_of
+from longctx.runs.record import read_stored_run
 
 
-def stored_run_config(checkpoint: dict, path: Path):
-    """The run's resolved model and data config, as train.py stored it in the checkpoint."""
-    from omegaconf import OmegaConf
-
-    from longctx.run_identity import CHECKPOINT_KEY
-
-    stored = (checkpoint.get(CHECKPOINT_KEY) or {}).get("config")
-    if stored is None:
-        raise ValueError(
-            f"{path} holds no run config (key {CHECKPOINT_KEY!r}); expected a checkpoint "
-            "written by train.py"
-        )
-    return OmegaConf.create(stored)
-
-
-def load_configs(cfg, seq_len: int | None, cache_dir: str | None, backend: str | None):
-    """(LlamaConfig, DataConfig) from a run's stored config, with CLI overrides."""
-    from hydra.utils import instantiate
-
+def load_configs(stored, seq_len: int | None, cache_dir: str | None, backend: str | None):
+    """(model config, DataConfig) from a checkpoint's validated run record, with CLI overrides."""
+    model_config = stored.model_config(**({"attn_backend": backend} if backend else {}))
+    data = {"seq_len": seq_len} if seq_len is not None else {}
     if cache_dir is not None:
-        cfg.data.cache_dir = cache_dir
-    elif not _resolvable(cfg, "data.cache_dir"):
-        cfg.data.cache_dir = None  # the default cache (~/.cache/longctx or $LONGCTX_CACHE)
-    if seq_len is not None:
-        cfg.data.seq_len = seq_len
-    model_config = instantiate(cfg.model)
-    if backend is not None:
-        model_config = dataclasses.replace(model_config, attn_backend=backend)
-    return model_config, instantiate(cfg.data)
-
-
-def _resolvable(cfg, key: str) -> bool:
-    from omegaconf import OmegaConf
-
-    try:
-        OmegaConf.select(cfg, key, throw_on_missing=True)
-        return True
-    except Exception:  # an interpolation only Hydra's runtime can resolve
-        return False
+        data["cache_dir"] = cache_dir
+    return model_config, stored.data_config(**data)
 
 
 def model_state_dict(state: dict, path: Path) -> dict[str, torch.Tensor]:
@@ -194,17 +163,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longctx.checkpoint import read_checkpoint
     from longctx.data import LongCtxDataModule, load_tokenizer
 
     if args.hf is not None:
         return run_hf(args)
-    state = read_checkpoint(args.checkpoint)  # names the file when missing or unreadable
-    model_config, data_config = load_configs(
-        stored_run_config(state, args.checkpoint), args.seq_len, args.cache_dir, args.backend
-    )
-    # <run>/checkpoints/last.ckpt -> <run>/eval
-    out = args.out or args.checkpoint.resolve().parent.parent / "eval"
+    stored = read_stored_run(args.checkpoint)  # names the file when missing or unreadable
+    state = stored.contents
+    model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
+    out = args.out or _default_out(args.checkpoint.resolve())
     if args.suite == "ruler":
         check_factor(args.long_factor)
         lengths = args.lengths or default_ruler_lengths(data_config.seq_len, args.long_factor)
@@ -252,6 +218,12 @@ def run(args: argparse.Namespace) -> dict:
     return summary
 
 
+def _default_out(checkpoint: Path) -> Path:
+    """<run>/eval for a checkpoint in a run folder; beside the checkpoint otherwise."""
+    run = run_folder_of(checkpoint)
+    return (run if run is not None else checkpoint.parent) / "eval"
+
+
 def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> None:
     """Every evaluation length within model.max_seq_len, before anything is loaded."""
     check_factor(args.long_factor)
@@ -267,6 +239,9 @@ def suite_settings(args: argparse.Namespace, lengths: Sequence[int]) -> SuiteSet
         args.tasks, list(lengths), args.depths, args.samples, args.seed, args.haystack,
         args.probe_batch_size, args.write_instances,
     )  # fmt: skip
+
+
+HF_DEFAULT_LENGTHS = (1024, 2048, 4096)
 
 
 def run_hf(args: argparse.Namespace) -> dict:
@@ -288,17 +263,8 @@ def run_hf(args: argparse.Namespace) -> dict:
     return run_suite(model, tokenizer, settings, out, args.device, args.cache_dir)
 
 
-HF_DEFAULT_LENGTHS = (1024, 2048, 4096)
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
     return run(parse_args(argv))
 
 
-def command_line(argv: Sequence[str] | None = None) -> None:
-    """``python -m longctx.eval``: bad input is one line naming the value, exit status 2."""
-    try:
-        main(argv)
-    except (ValueError, FileNotFoundError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+cli = command(main)  # the console script and python -m: one-line errors, exit 2

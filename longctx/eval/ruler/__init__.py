@@ -7,7 +7,7 @@
 Modules: ``tasks`` (the generators), ``instances`` (the instance, haystacks, JSONL),
 ``generate`` (instances from names), ``scoring`` (argmax scoring, CIs, the threshold rule),
 ``hf`` (any local transformers folder), ``callback`` (in-loop), ``suite`` (the CLI's runner),
-``report`` (arms of a sweep: paired differences, heat maps).
+and longctx.experiments.ruler_report (arms of a sweep: paired differences, heat maps).
 """
 
 from longctx.eval.ruler.generate import (

@@ -61,7 +61,7 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
     if not (folder / "config.json").is_file():
         raise RulerInputError(
             f"--hf folder has no config.json ({folder}); expected a transformers model folder "
-            "(save_pretrained, or python -m longctx.export)"
+            "(save_pretrained, or python -m longctx.hf.export)"
         )
     raw = json.loads((folder / "config.json").read_text())
     name = f"{', '.join(raw.get('architectures') or ['?'])} (model_type={raw.get('model_type')!r})"

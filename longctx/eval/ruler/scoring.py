@@ -6,7 +6,7 @@ small (a few to a few dozen instances) and often at 0 or 1, where the normal (Wa
 collapses to a point and a bootstrap over so few instances can only return the observed
 proportion again; Wilson's interval is closed-form, never leaves [0, 1] and keeps its coverage
 there. (Differences between arms, paired over the same instances and resampled over instances
-and seeds, use the bootstrap of the ablation report: longctx.eval.ruler.report.)
+and seeds, use the bootstrap of the ablation report: longctx.experiments.ruler_report.)
 
 Effective length (RULER's notion, with a threshold that scales with the model): the suite score
 at a length is the mean accuracy over the tasks; the threshold is

@@ -1,0 +1,77 @@
+"""What a run *is*, stored in every checkpoint and compared on resume.
+
+A run's identity is its model config and the data settings that define its arm of the
+ablation (position ids, document masking, packing, sequence length, corpus). Resuming a
+checkpoint under a different identity would silently mix two arms (a changed ``rope_theta``
+loads without complaint), so a resume with differences is refused, listing them, unless each
+difference is allowed explicitly (``allow_resume_changes=[key, ...]``), which is logged.
+
+Checkpoints also carry the run's resolved model and data config: longctx.runs.record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from longctx.runs.record import CHECKPOINT_KEY, plain
+
+# the data settings that define an arm (the data stream's own resume checks cover the rest)
+ARM_DATA_KEYS = ("shards", "weights", "seq_len", "packer", "reset_position_ids", "document_mask")
+# how the model runs or where its first weights came from, not which function it computes
+RUNTIME_MODEL_KEYS = ("attn_backend", "activation_checkpointing", "loss_chunk_size", "init_from")
+
+
+class ResumeMismatch(ValueError):
+    """A resume that would change the run's identity without being allowed to."""
+
+
+def run_identity(model_config, data_config) -> dict:
+    """Flat ``{"model.rope_theta": ..., "data.document_mask": ...}`` of plain values."""
+    if dataclasses.is_dataclass(model_config):
+        model = dataclasses.asdict(model_config)
+    else:  # a model factory (model=hf) is identified by its description
+        model = {"spec": repr(model_config)}
+    identity = {f"model.{k}": v for k, v in model.items() if k not in RUNTIME_MODEL_KEYS}
+    identity |= {f"data.{k}": getattr(data_config, k) for k in ARM_DATA_KEYS}
+    return plain(identity)
+
+
+def identity_changes(saved: dict, current: dict) -> dict[str, tuple]:
+    """{key: (value in the checkpoint, value now)} for every key that differs."""
+    absent = "<absent>"
+    keys = sorted(saved.keys() | current.keys())
+    return {
+        k: (saved.get(k, absent), current.get(k, absent))
+        for k in keys
+        if saved.get(k, absent) != current.get(k, absent)
+    }
+
+
+def check_resume(
+    checkpoint: dict, current: dict, allowed: Iterable[str], path: str
+) -> dict[str, tuple]:
+    """Refuse a resume that changes the run unless every change is in ``allowed``; returns
+    the allowed changes (for the log)."""
+    allowed = list(allowed)
+    unknown = [k for k in allowed if k not in current]
+    if unknown:
+        raise ResumeMismatch(
+            f"allow_resume_changes={allowed}: {unknown} not among the run's settings "
+            f"({', '.join(sorted(current))})"
+        )
+    saved = (checkpoint.get(CHECKPOINT_KEY) or {}).get("identity")
+    if saved is None:
+        return {}  # written before checkpoints carried an identity: nothing to compare
+    changes = identity_changes(saved, current)
+    refused = {k: v for k, v in changes.items() if k not in allowed}
+    if refused:
+        lines = "\n".join(
+            f"  {k}: {old!r} (checkpoint) -> {new!r} (now)" for k, (old, new) in refused.items()
+        )
+        raise ResumeMismatch(
+            f"resuming {path} would change the run (mixing ablation arms or models):\n{lines}\n"
+            "Resume with the checkpoint's settings, or allow a deliberate change with "
+            f"allow_resume_changes=[{','.join(refused)}]"
+        )
+    return changes

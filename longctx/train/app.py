@@ -1,0 +1,196 @@
+"""A training run from a composed Hydra config: the only place a DictConfig is read.
+
+``train.py`` hands the composed config to :func:`main`: it is checked (before anything is
+allocated, prepared or written), typed objects are instantiated from it, and Lightning fits them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from longctx.cli import exit_on_user_error
+from longctx.data.arms import arm_description
+from longctx.distributed.slurm import slurm_plugins
+from longctx.runs.checkpoints import AtomicCheckpointIO, ResumePoint, remove_stale_temp_files
+from longctx.runs.folder import (
+    RunFolderBusy,
+    RunFolderLock,
+    checkpoint_dir,
+    snapshot,
+    undo_start,
+)
+from longctx.runs.identity import run_identity
+from longctx.runs.record import RunRecord
+from longctx.runs.resume import ResumeRefused, check_fresh_start, resume_point
+from longctx.train.callbacks import SweepStopped, finish_preemption
+from longctx.train.cpu_memory import retain_freed_memory
+from longctx.train.dry_run import dry_run_report
+from longctx.train.loggers import make_loggers
+from longctx.train.preflight import ConfigError, instantiate_config, preflight
+from longctx.train.process import teardown, writes_run_folder
+
+# what a user's config or data can raise: one line and exit 2, not a traceback
+USER_ERRORS = (ConfigError, RunFolderBusy, ValueError, FileNotFoundError)
+
+
+def main(cfg: DictConfig) -> float | None:
+    try:
+        metrics = run(cfg)
+    except USER_ERRORS as err:
+        exit_on_user_error(err)
+    except SweepStopped as err:
+        print(f"longctx: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(0) from err  # a stop exits 0, as a single run's does
+    finally:
+        teardown()
+    return metrics.get("val/loss")
+
+
+def run(cfg: DictConfig) -> dict:
+    """Train (or dry-run) one configuration; returns the final logged metrics. The process
+    that writes the run folder (global rank 0) holds its lock throughout; a refused start
+    takes back what it wrote."""
+    output_dir = Path(cfg.paths.output_dir)
+    lock = RunFolderLock(output_dir).acquire() if writes_run_folder() else None
+    before = snapshot(output_dir)
+    try:
+        metrics = train(cfg, output_dir, holds_folder=lock is not None)
+        if cfg.dry_run and lock is not None:
+            undo_start(output_dir, before)  # a plan writes nothing: no run folder either
+        return metrics
+    except USER_ERRORS:
+        if lock is not None and undo_start(output_dir, before):
+            print(f"removed the run folder {output_dir}: nothing was written", file=sys.stderr)
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
+    model_config = instantiate_config("model", cfg.model)
+    data_config = instantiate_config("data", cfg.data)
+    parallel = instantiate_config("parallel", cfg.parallel)
+    device = preflight(cfg, model_config, data_config, parallel)
+    if cfg.dry_run:
+        return dry_run_report(model_config, cfg, parallel, device)
+    identity = run_identity(model_config, data_config)
+    resume = start_point(cfg, output_dir, identity, holds_folder)
+    if device.type == "cpu":
+        retain_freed_memory()
+    if writes_run_folder():
+        print(arm_description(data_config.reset_position_ids, data_config.document_mask))
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = build_datamodule(cfg, data_config, model_config, parallel)
+    module = build_module(cfg, model_config, datamodule.eos_id, parallel)
+    trainer = build_trainer(cfg, output_dir, RunRecord(identity, recorded_config(cfg)))
+    ckpt_path = resume.announce() if resume is not None else None
+    del resume  # drop the mapped contents before Lightning loads the checkpoint again
+    # weights_only: a checkpoint is data; a crafted pickle in one must not run code
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    finish_preemption(trainer, output_dir)
+    return final_metrics(trainer, datamodule)
+
+
+def start_point(
+    cfg: DictConfig, output_dir: Path, identity: dict, holds_folder: bool
+) -> ResumePoint | None:
+    """The checkpoint to resume from, or None after checking that a fresh start may begin."""
+    allowed = list(cfg.get("allow_resume_changes") or [])
+    try:
+        resume = resume_point(cfg.ckpt_path, output_dir, identity, allowed)
+        if holds_folder and resume is None:
+            overwrite = bool(cfg.get("overwrite", False))
+            check_fresh_start(output_dir, overwrite, this_start_config_dir())
+    except ResumeRefused as err:
+        raise ConfigError(str(err)) from err
+    if holds_folder:
+        for path in remove_stale_temp_files(checkpoint_dir(output_dir)):
+            print(f"removed {path}: a checkpoint write that never finished", flush=True)
+    return resume
+
+
+def this_start_config_dir() -> Path | None:
+    """Where Hydra wrote this start's config (None outside a Hydra app, e.g. in tests)."""
+    if not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.get()
+    return Path(hydra.runtime.output_dir) / hydra.output_subdir if hydra.output_subdir else None
+
+
+def recorded_config(cfg: DictConfig) -> dict:
+    """The resolved model and data config, and the run's group, seed and tags: what the
+    checkpoint's run record keeps."""
+    config = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data")}
+    run = {"group": cfg.get("group"), "seed": cfg.seed, "tags": list(cfg.get("tags") or [])}
+    return config | {"run": run}
+
+
+def build_trainer(cfg: DictConfig, output_dir: Path, record: RunRecord) -> L.Trainer:
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    try:
+        return instantiate(
+            cfg.trainer,
+            logger=make_loggers(cfg, output_dir) or False,
+            callbacks=[*callbacks, record],
+            # under SLURM: Lightning's environment without its auto-requeue (SaveOnSignal
+            # requeues)
+            plugins=[AtomicCheckpointIO(), *slurm_plugins()],
+        )
+    except InstantiationException as err:  # an unknown trainer key, a bad strategy
+        raise ConfigError(f"trainer: {err}") from err
+
+
+def build_datamodule(cfg: DictConfig, data_config, model_config, parallel):
+    from longctx.data import LongCtxDataModule
+
+    datamodule = LongCtxDataModule(
+        data_config,
+        context_parallel=parallel.context_parallel,
+        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+    )
+    datamodule.prepare_data()
+    try:
+        datamodule.check_vocab(model_config.vocab_size)
+    except ValueError as err:
+        raise ConfigError(f"model.vocab_size={model_config.vocab_size}: {err}") from err
+    return datamodule
+
+
+def build_module(cfg: DictConfig, model_config, eos_id: int, parallel):
+    from longctx.train.module import LongCtxModule
+
+    return LongCtxModule(
+        model_config,
+        optimizer=instantiate(cfg.optim.optimizer),
+        scheduler=instantiate(cfg.optim.scheduler),
+        weight_decay=cfg.optim.weight_decay,
+        grad_clip=cfg.optim.grad_clip,
+        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+        compile=cfg.compile,
+        peak_flops_per_device=cfg.get("peak_flops_per_device"),
+        eos_id=eos_id,
+        context_parallel=parallel.context_parallel,
+        context_parallel_rounds=parallel.context_parallel_rounds,
+        allow_global_batch_change=cfg.optim.allow_global_batch_change,
+    )
+
+
+def final_metrics(trainer: L.Trainer, datamodule) -> dict:
+    from longctx.eval.baselines import unigram_baseline
+
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if "val/loss" in metrics and trainer.is_global_zero:
+        metrics["unigram_baseline"] = unigram_baseline(datamodule.folders()[0])
+        print(
+            f"val/loss {metrics['val/loss']:.4f} nats/token, unigram baseline "
+            f"{metrics['unigram_baseline']:.4f}"
+        )
+    return metrics

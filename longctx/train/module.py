@@ -1,0 +1,363 @@
+"""The LightningModule: token-mean loss over a whole optimizer step, AdamW, warm-up + cosine.
+
+Optimisation is manual so the loss is normalised by the target tokens of the *whole* step:
+every micro-batch backpropagates its loss *sum*, and at the step boundary the gradients are
+divided by the number of target tokens summed over accumulation steps and ranks. A per-micro-batch
+mean (what automatic optimisation with ``accumulate_grad_batches`` gives) weights tokens unequally
+when micro-batches hold different numbers of targets: the known silent bug this avoids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+
+from longctx.batch import PackedBatch
+from longctx.data.streams import StreamBatch
+from longctx.distributed.context_parallel import context_parallel_group, context_shard, gather_row
+from longctx.distributed.elastic import GlobalBatch, resume_accumulation
+from longctx.eval.position_loss import PositionLoss
+from longctx.model.interface import ModelSpec, PackedCausalLM
+
+OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """The spec's model, checked to be a PackedCausalLM (see ModelSpec.build)."""
+    model = spec.build()
+    if not isinstance(model, PackedCausalLM):
+        raise TypeError(
+            f"the model spec {spec!r:.200} built a {type(model).__name__}; expected a "
+            "longctx.model.interface.PackedCausalLM (hidden_states, output_weight, estimate_flops)"
+        )
+    return model
+
+
+def warmup_cosine_schedule(
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_steps: int = 100,
+    min_lr_ratio: float = 0.1,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up from 0 to the peak lr, then cosine decay to min_lr_ratio * peak."""
+    if total_steps < 1 or warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(
+            f"schedule needs total_steps >= 1, warmup_steps >= 0, 0 <= min_lr_ratio <= 1; got "
+            f"total_steps={total_steps}, warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}"
+        )
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only: norms (1-D) and embeddings are excluded from weight decay."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+class LongCtxModule(L.LightningModule):
+    def __init__(
+        self,
+        model_config: ModelSpec,
+        optimizer: OptimizerFactory,
+        scheduler: SchedulerFactory | None = None,
+        *,
+        weight_decay: float = 0.1,
+        grad_clip: float | None = 1.0,
+        accumulate_grad_batches: int = 1,
+        compile: bool = False,
+        peak_flops_per_device: float | None = None,
+        eos_id: int | None = None,
+        context_parallel: int = 1,
+        context_parallel_rounds: int = 1,
+        allow_global_batch_change: bool = False,
+    ) -> None:
+        """allow_global_batch_change: a resume on a data-parallel size that cannot keep the
+        checkpoint's global batch goes on with the nearest one instead of stopping."""
+        super().__init__()
+        if accumulate_grad_batches < 1:
+            raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        if context_parallel != 1 and not model_config.supports_context_parallel:
+            raise ValueError(
+                f"context_parallel={context_parallel}: {type(model_config).__name__}'s model "
+                "cannot take a row split over ranks (only longctx's Llama can)"
+            )
+        self.automatic_optimization = False
+        self.model_config = model_config
+        self.model = build_model(model_config)
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.weight_decay, self.grad_clip = weight_decay, grad_clip
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.compile, self.peak_flops_per_device = compile, peak_flops_per_device
+        self.eos_id = eos_id
+        self.context_parallel = context_parallel
+        self.context_parallel_rounds = context_parallel_rounds
+        self.cp_group = None  # set in setup() once the process group exists
+        self.allow_global_batch_change = allow_global_batch_change
+        self.tokens_seen = 0
+        self._micro_batch_rows: int | None = None  # seen in training; part of the global batch
+        self._resumed_global_batch: GlobalBatch | None = None  # to keep, from a checkpoint
+        self._reset_accumulators()
+        self.val_position_loss: PositionLoss | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, stage: str) -> None:
+        if self.context_parallel > 1 and self.cp_group is None:
+            self.cp_group = context_parallel_group(self.context_parallel)
+
+    def _context_shard(self, batch: PackedBatch) -> PackedBatch:
+        """This rank's share of the rows under context parallelism; the batch itself without."""
+        if self.context_parallel == 1:
+            return batch
+        rank = torch.distributed.get_rank(self.cp_group)
+        return context_shard(
+            batch, rank, self.context_parallel, self.cp_group, self.context_parallel_rounds
+        )
+
+    def configure_model(self) -> None:
+        if self.compile:
+            # per block, in place: the model keeps its methods (loss, token_loss) and its
+            # state-dict keys, and one compiled graph serves every layer
+            for block in self.model.layers:
+                block.compile()
+        if self._device_mesh is not None and not self._is_sharded():
+            # ModelParallelStrategy: FSDP2, fully_shard per block then the root. Settings come
+            # from longctx.distributed.fsdp.FSDP2Strategy; a plain ModelParallelStrategy gets defaults.
+            from longctx.distributed.fsdp import apply_fsdp
+
+            shard = getattr(self.trainer.strategy, "shard", None)
+            shard(self.model) if shard else apply_fsdp(self.model, self._device_mesh)
+        if any(p.is_meta for p in self.model.parameters()):  # model.init_from, not yet read
+            from longctx.train.init_from import load_init_weights
+
+            load_init_weights(self.model, self.trainer.strategy.root_device)
+
+    def _is_sharded(self) -> bool:
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(self.model, FSDPModule)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(param_groups(self.model, self.weight_decay))
+        if self.scheduler_factory is None:
+            return optimizer
+        total = self.trainer.max_steps
+        if total is None or total < 1:
+            raise ValueError(
+                f"trainer.max_steps must be set (>= 1) for the lr schedule, got {total}"
+            )
+        scheduler = self.scheduler_factory(optimizer, total)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        global_batch = self._global_batch()
+        checkpoint["longctx"] = {
+            "tokens_seen": self.tokens_seen,
+            "global_batch": None if global_batch is None else dataclasses.asdict(global_batch),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("longctx", {})
+        self.tokens_seen = state.get("tokens_seen", 0)
+        if "global_batch" not in state:
+            raise ValueError(
+                "the checkpoint has no longctx.global_batch (rows per optimizer step; written "
+                "since elastic resume), so the step it resumes cannot be kept: it was written "
+                "by an earlier longctx, whose data order this one cannot continue either"
+            )
+        saved = state["global_batch"]  # None: saved before the first step, nothing to keep
+        self._resumed_global_batch = GlobalBatch(**saved) if saved else None
+
+    @property
+    def at_step_boundary(self) -> bool:
+        """No micro-batch of an optimizer step is pending: a checkpoint now loses nothing."""
+        return self._micro == 0
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.trainer.world_size // self.context_parallel
+
+    def _global_batch(self) -> GlobalBatch | None:
+        """This run's global batch, once a micro-batch has shown its rows (else the resumed one)."""
+        if self._micro_batch_rows is None:
+            return self._resumed_global_batch
+        return GlobalBatch(
+            self._micro_batch_rows, self.accumulate_grad_batches, self.data_parallel_size
+        )
+
+    def _keep_resumed_global_batch(self, micro_batch_rows: int) -> None:
+        """After a resume, the accumulation that keeps the checkpoint's global batch here."""
+        self.accumulate_grad_batches, note = resume_accumulation(
+            self._resumed_global_batch,
+            micro_batch_rows,
+            self.data_parallel_size,
+            configured=self.accumulate_grad_batches,
+            allow_change=self.allow_global_batch_change,
+        )
+        self._resumed_global_batch = None
+        if note:
+            rank_zero_info(note)
+
+    # ---------------------------------------------------------------- training
+    def training_step(self, batch: PackedBatch, batch_idx: int) -> None:
+        if self._resumed_global_batch is not None:
+            if batch.shape[0] == self._resumed_global_batch.micro_batch_rows:
+                self._keep_resumed_global_batch(batch.shape[0])
+            else:  # the data state refuses another micro_batch_size: a new stage began
+                self._resumed_global_batch = None
+        self._micro_batch_rows = batch.shape[0]
+        if self._micro == 0:
+            self._step_start = time.perf_counter()
+        last_micro = self._micro + 1 == self.accumulate_grad_batches
+        with self._maybe_no_sync(not last_micro):
+            loss_sum, num_tokens = self.model.loss(self._context_shard(batch))
+            self.manual_backward(loss_sum)
+        self._accumulate(batch, loss_sum.detach(), num_tokens)
+        if last_micro:
+            self._optimizer_step()
+
+    def _accumulate(self, batch: PackedBatch, loss_sum: Tensor, num_tokens: int) -> None:
+        """Sums over ranks at the step boundary: the context-parallel ranks of a row each count
+        their share (loss and targets of their tokens, 1/N of tokens and FLOPs), so the logged
+        numbers are the rows' own, counted once."""
+        self._micro += 1
+        origin = batch.origin if isinstance(batch, StreamBatch) else None  # knows its stage
+        self._stage, self._seq_len = (origin.position.stage if origin else 0), batch.shape[1]
+        self._loss_sum += loss_sum.float()
+        self._num_targets += num_tokens
+        self._num_input_tokens += batch.tokens.numel() // self.context_parallel
+        if self.peak_flops_per_device:
+            self._flops += self.model.estimate_flops(batch.seq_lens) / self.context_parallel
+        self._batch_stats.append(self._packing_stats(batch))
+
+    def _optimizer_step(self) -> None:
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        totals = self._reduce_sum([self._loss_sum, self._num_targets, self._num_input_tokens])
+        loss_sum, num_targets, num_tokens = totals[0], int(totals[1]), int(totals[2])
+        # DDP/FSDP average gradients over ranks: times world size, over the step's targets.
+        self._scale_gradients(self.trainer.world_size / max(num_targets, 1))
+        grad_norm = self._clip_gradients()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if sched is not None:
+            sched.step()
+        self.tokens_seen += num_tokens
+        self._log_step(loss_sum / max(num_targets, 1), grad_norm, num_tokens, opt)
+        self._reset_accumulators()
+
+    def _scale_gradients(self, factor: float) -> None:
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+
+    def _clip_gradients(self) -> Tensor:
+        max_norm = self.grad_clip if self.grad_clip else float("inf")
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+        # FSDP2: the grads are sharded DTensors and so is the norm (reduced over ranks)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def _reduce_sum(self, values: list) -> Tensor:
+        stacked = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values])
+        stacked = stacked.to(self.device)
+        if self.trainer.world_size > 1:
+            stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")
+        return stacked.cpu()
+
+    def _maybe_no_sync(self, skip_sync: bool):
+        strategy = self.trainer.strategy
+        if self._device_mesh is not None and self._is_sharded():
+            # FSDP2: no reduce-scatter until the last micro-batch of the step
+            self.model.set_requires_gradient_sync(not skip_sync)
+            return contextlib.nullcontext()
+        if skip_sync and hasattr(strategy, "block_backward_sync"):
+            return strategy.block_backward_sync()
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def _packing_stats(batch: PackedBatch) -> tuple[float, float]:
+        """(non-pad token fraction, documents per row) as the packer counted them; unknown
+        (NaN) for a batch that does not come from the train stream."""
+        if not isinstance(batch, StreamBatch):
+            return float("nan"), float("nan")
+        return batch.packing_efficiency, batch.docs_per_row
+
+    def _log_step(self, loss: Tensor, grad_norm: Tensor, num_tokens: int, opt) -> None:
+        elapsed = time.perf_counter() - self._step_start
+        efficiency = sum(s[0] for s in self._batch_stats) / len(self._batch_stats)
+        docs_per_row = sum(s[1] for s in self._batch_stats) / len(self._batch_stats)
+        metrics = {
+            "train/loss": float(loss),
+            "train/lr": opt.param_groups[0]["lr"],
+            "train/grad_norm": float(grad_norm),
+            "train/tokens_per_s": num_tokens / elapsed,
+            "train/tokens_seen": float(self.tokens_seen),
+            "train/stage": float(self._stage),
+            "train/seq_len": float(self._seq_len),
+        }
+        if not math.isnan(efficiency):
+            metrics["train/packing_efficiency"] = efficiency
+            metrics["train/docs_per_row"] = docs_per_row
+        if self.peak_flops_per_device:
+            metrics["train/mfu"] = self._flops / elapsed / self.peak_flops_per_device
+        self.log_dict(metrics, prog_bar=False, batch_size=1, rank_zero_only=True)
+        self.log("loss", float(loss), prog_bar=True, logger=False, batch_size=1)
+
+    def _reset_accumulators(self) -> None:
+        self._micro = 0
+        self._loss_sum = torch.zeros((), dtype=torch.float64)
+        self._num_targets = 0
+        self._num_input_tokens = 0
+        self._flops = 0.0
+        self._batch_stats: list[tuple[float, float]] = []
+        self._step_start = time.perf_counter()
+
+    # -------------------------------------------------------------- validation
+    def on_validation_epoch_start(self) -> None:
+        seq_len = self.trainer.datamodule.config.seq_len if self.trainer.datamodule else None
+        self.val_position_loss = PositionLoss(seq_len or 1, eos_id=self.eos_id)
+
+    def validation_step(self, batch: PackedBatch, batch_idx: int) -> None:
+        shard = self._context_shard(batch)
+        token_loss = self.model.token_loss(shard).detach()
+        if shard is not batch:  # the rows' losses from the group; its first rank counts them
+            token_loss = gather_row(
+                token_loss, self.cp_group, self.context_parallel, self.context_parallel_rounds
+            )
+            if torch.distributed.get_rank(self.cp_group) != 0:
+                return
+        self.val_position_loss.update(token_loss, batch)
+
+    def on_validation_epoch_end(self) -> None:
+        acc = self.val_position_loss
+        acc.all_reduce(self.trainer.strategy)
+        loss = acc.mean_loss()
+        metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
+        metrics.update(acc.bucket_metrics("val"))
+        self.log_dict(metrics, batch_size=1, sync_dist=False)
