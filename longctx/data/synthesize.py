@@ -13,6 +13,8 @@ answer back to its needle reach the row length. Tasks:
   signal, the eval's question format;
 - ``copy``: one random-letter span per ~128 tokens ("Copy this: qwertyuiopas."), each repeated
   once somewhere after it, in the eval's copy format;
+- ``repeat``: random letters, a newline, the same letters again (no haystack, no template): half
+  the document predictable by induction alone, the densest signal there is;
 - any task of the effective-length suite (longctx.eval.ruler: niah_single, passkey,
   variable_tracking, ...): one instance per document, answer included.
 
@@ -77,7 +79,15 @@ def copy_dense(rng: random.Random, enc, length: int) -> Layout:
     return Layout(inserts, np.zeros(0, np.int64), np.zeros(0, np.int64), "")
 
 
-DENSE = {"kv_recall": kv_recall, "copy": copy_dense}
+def repeat(rng: random.Random, enc, length: int) -> Layout:
+    """Random letters, then the same letters again: half the document is predictable by
+    induction alone (the densest signal; no haystack, no template)."""
+    span = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(max(4, length // 2 - 1)))
+    piece = _cat(enc(f"{span}\n"), enc(f"{span}\n"))
+    return Layout([(0.0, piece)], np.zeros(0, np.int64), np.zeros(0, np.int64), "")
+
+
+DENSE = {"kv_recall": kv_recall, "copy": copy_dense, "repeat": repeat}
 
 
 def check_tasks(names: Sequence[str] | str) -> list[str]:

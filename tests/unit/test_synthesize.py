@@ -120,3 +120,10 @@ def test_bad_input_is_refused(tmp_path, capsys):
     with pytest.raises(RulerInputError, match=r"niah_multikey does not fit --max-length 128"):
         synthesize("niah_multikey", tmp_path / "y", max_length=128, cache_dir=str(CACHE_DIR))
     assert not np.any([p.exists() for p in (tmp_path / "new", tmp_path / "x")])
+
+
+def test_repeat_documents_are_a_span_twice(tmp_path):
+    docs = make(tmp_path / "rep", tasks="repeat", documents=8, max_length=256)
+    for i in range(docs.num_documents):
+        first, second = TOK.decode(docs.document(i)).split("\n")[:2]
+        assert first == second and re.fullmatch(r"[a-z]{4,}", first)
