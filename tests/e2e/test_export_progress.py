@@ -63,3 +63,14 @@ def test_export_shows_a_bar_on_a_terminal(tmp_path):
     out = run_cli(["longctx.hf.export", str(run), "--out", str(tmp_path / "hf")], terminal=True)
     assert "writing weights: 100%" in out
     assert f"next: python -m longctx.hf.verify {tmp_path / 'hf'}" in out
+
+
+def test_convert_shows_a_bar_on_a_terminal_and_the_next_command(tmp_path):
+    import datasets
+
+    rows = {"input_ids": [[1, 2, 3, 0], [4, 5, 0]] * 50}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "src"))
+    args = ["longctx.data.convert", str(tmp_path / "src"), "--vocab-size", "8", "--eos-id", "0"]
+    shown = run_cli([*args, "--val-fraction", "0.2", "--out", str(tmp_path / "a")], terminal=True)
+    assert "convert: " in shown and "tok/s" in shown
+    assert f"next: python train.py data=shards data.shards={tmp_path / 'a'}" in shown
