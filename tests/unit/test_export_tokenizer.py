@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,33 +29,29 @@ texts = st.lists(st.one_of(st.text(max_size=20), st.sampled_from(LITERALS + ODD)
 )
 
 
-@functools.cache
-def byte_export_folder() -> Path:
-    """The byte tokenizer's files as an export writes them (no model needed for encoding)."""
-    folder = Path(tempfile.mkdtemp(prefix="longctx-byte-tokenizer-"))
+@pytest.fixture(scope="module")
+def byte_export(tmp_path_factory) -> tuple[Path, object]:
+    """The byte tokenizer's files as an export writes them (no model needed for encoding), and
+    transformers' AutoTokenizer on them."""
+    folder = tmp_path_factory.mktemp("byte-tokenizer")
     write_byte_tokenizer(folder, model_max_length=2048)
-    return folder
-
-
-@functools.cache
-def byte_auto_tokenizer():
-    return transformers.AutoTokenizer.from_pretrained(byte_export_folder())
+    return folder, transformers.AutoTokenizer.from_pretrained(folder)
 
 
 @settings(max_examples=300, deadline=None)
-@given(texts)
-def test_the_exported_byte_tokenizer_encodes_any_text_as_longctx(text):
+@given(text=texts)
+def test_the_exported_byte_tokenizer_encodes_any_text_as_longctx(byte_export, text):
+    folder, tokenizer = byte_export
     expected = ByteTokenizer().encode(text).tolist()
-    tokenizer = byte_auto_tokenizer()
     assert tokenizer(text)["input_ids"] == expected
     assert tokenizer.encode(text) == expected  # lm-eval's call
     assert tokenizer.decode(expected) == text
     # prepare's reading of the same folder
-    assert HFTokenizer(byte_export_folder()).encode(text).tolist() == expected
+    assert HFTokenizer(folder).encode(text).tolist() == expected
 
 
-def test_specials_are_reachable_only_by_id():
-    tokenizer = byte_auto_tokenizer()
+def test_specials_are_reachable_only_by_id(byte_export):
+    _, tokenizer = byte_export
     assert tokenizer("a<s>b</s>c<pad>")["input_ids"] == list(b"a<s>b</s>c<pad>")
     assert tokenizer("x", add_special_tokens=True)["input_ids"] == [ord("x")]  # nothing added
     specials = {"<pad>": 256, "<s>": 257, "</s>": 258}
@@ -73,14 +68,14 @@ def test_specials_are_reachable_only_by_id():
         assert tokenizer(char)["input_ids"] == list(char.encode()), b
 
 
-def test_a_lone_surrogate_is_refused_by_both():
+def test_a_lone_surrogate_is_refused_by_both(byte_export):
     with pytest.raises(UnicodeEncodeError):
         ByteTokenizer().encode("a\udc80")
     with pytest.raises((TypeError, UnicodeEncodeError)):
-        byte_auto_tokenizer()("a\udc80")
+        byte_export[1]("a\udc80")
 
 
-def test_prepare_with_the_export_writes_the_byte_shards(tmp_path):
+def test_prepare_with_the_export_writes_the_byte_shards(tmp_path, byte_export):
     docs = [
         "plain text",
         "a<s>b</s>c<pad>d",
@@ -95,7 +90,7 @@ def test_prepare_with_the_export_writes_the_byte_shards(tmp_path):
     byte = tmp_path / "byte"
     ours = tmp_path / "export"
     prepare([jsonl], byte, "byte", workers=1, val_fraction=0.0, progress=False)
-    prepare([jsonl], ours, byte_export_folder(), workers=1, val_fraction=0.0, progress=False)
+    prepare([jsonl], ours, byte_export[0], workers=1, val_fraction=0.0, progress=False)
     shards = sorted(p.name for p in byte.glob("*.npy"))
     assert shards and shards == sorted(p.name for p in ours.glob("*.npy"))
     for name in shards:
