@@ -412,9 +412,7 @@ def writes_run_folder() -> bool:
 
 
 def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
-    from longctx.data import LongCtxDataModule
     from longctx.eval.baselines import unigram_baseline
-    from longctx.train.module import LongCtxModule
 
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
@@ -434,29 +432,8 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         print(arm_description(data_config.reset_position_ids, data_config.document_mask))
 
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = LongCtxDataModule(
-        data_config,
-        context_parallel=context_parallel,
-        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
-    )
-    datamodule.prepare_data()
-    try:
-        datamodule.check_vocab(model_config.vocab_size)
-    except ValueError as err:
-        raise ConfigError(f"model.vocab_size={model_config.vocab_size}: {err}") from err
-    module = LongCtxModule(
-        model_config,
-        optimizer=instantiate(cfg.optim.optimizer),
-        scheduler=instantiate(cfg.optim.scheduler),
-        weight_decay=cfg.optim.weight_decay,
-        grad_clip=cfg.optim.grad_clip,
-        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
-        compile=cfg.compile,
-        peak_flops_per_device=cfg.get("peak_flops_per_device"),
-        eos_id=datamodule.eos_id,
-        context_parallel=context_parallel,
-        context_parallel_rounds=context_parallel_rounds,
-        allow_global_batch_change=cfg.optim.allow_global_batch_change,
+    datamodule, module = build_data_and_module(
+        cfg, model_config, data_config, context_parallel, context_parallel_rounds
     )
     resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data")}
     record = RunRecord(identity, resolved)
@@ -487,6 +464,41 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
             f"{metrics['unigram_baseline']:.4f}"
         )
     return metrics
+
+
+def build_data_and_module(
+    cfg: DictConfig, model_config, data_config, context_parallel: int, rounds: int
+):
+    """The run's (LongCtxDataModule, LongCtxModule) from its composed config and typed parts
+    (train() and the leak probe build them alike)."""
+    from longctx.data import LongCtxDataModule
+    from longctx.train.module import LongCtxModule
+
+    datamodule = LongCtxDataModule(
+        data_config,
+        context_parallel=context_parallel,
+        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+    )
+    datamodule.prepare_data()
+    try:
+        datamodule.check_vocab(model_config.vocab_size)
+    except ValueError as err:
+        raise ConfigError(f"model.vocab_size={model_config.vocab_size}: {err}") from err
+    module = LongCtxModule(
+        model_config,
+        optimizer=instantiate(cfg.optim.optimizer),
+        scheduler=instantiate(cfg.optim.scheduler),
+        weight_decay=cfg.optim.weight_decay,
+        grad_clip=cfg.optim.grad_clip,
+        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+        compile=cfg.compile,
+        peak_flops_per_device=cfg.get("peak_flops_per_device"),
+        eos_id=datamodule.eos_id,
+        context_parallel=context_parallel,
+        context_parallel_rounds=rounds,
+        allow_global_batch_change=cfg.optim.allow_global_batch_change,
+    )
+    return datamodule, module
 
 
 def resume_point(
