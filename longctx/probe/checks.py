@@ -96,6 +96,9 @@ class ProbeRows:
         ends = torch.tensor(lens).cumsum(0).tolist()
         return [(end - n, end) for n, end in zip(lens, ends, strict=True)]
 
+    def to(self, device) -> ProbeRows:
+        return dataclasses.replace(self, batch=self.batch.to(device))
+
     def is_pad(self, row: int, segment: int) -> bool:
         return self.pad_tokens[row] > 0 and segment == len(self.segments(row)) - 1
 
