@@ -51,12 +51,13 @@ class LeakProbe(L.Callback):
         )
         if trainer.is_global_zero:
             path = self.report.write_json(self.out or Path(trainer.default_root_dir) / JSON_NAME)
-            print(f"{self.report.table()}\n{self.report.summary()}\nwrote {path}", flush=True)
+            print(f"{self.report.table()}\nwrote {path}", flush=True)
+            stream = sys.stdout if self.report.passed else sys.stderr
+            print(self.report.summary(), file=stream, flush=True)
         if self.stop_after:
             trainer.should_stop = True
         elif not self.report.passed:
-            print(f"{self.report.summary()}; the run stops before its first step", file=sys.stderr)
-            raise LeakDetected(self.report.summary())
+            raise LeakDetected(f"{self.report.summary()}; the run stops before its first step")
 
 
 def probe_module(

@@ -215,8 +215,8 @@ def _probe_rows(target, probed: ProbeRows, checks, tolerances, seed) -> list[Res
 # --------------------------------------------------------------------------- static checks
 def boundary_loss(probed: ProbeRows, seen: PackedBatch) -> list[Result]:
     """Targets the model gets at a segment end followed by another segment, and in pad tails."""
-    batch = probed.batch
-    b, length = batch.shape
+    b, length = probed.batch.shape
+    has_target = _whole_rows(seen, seen.labels) != IGNORE_INDEX
     crossing = torch.zeros(b, length, dtype=torch.bool)
     pad = torch.zeros(b, length, dtype=torch.bool)
     for r in range(b):
@@ -224,64 +224,50 @@ def boundary_loss(probed: ProbeRows, seen: PackedBatch) -> list[Result]:
             crossing[r, end - 1] = True  # its next position starts another segment
         if probed.pad_tokens[r]:
             pad[r, length - probed.pad_tokens[r] :] = True
-    index = _local_index(seen).cpu()
-    has_target = seen.labels.cpu() != IGNORE_INDEX
-    counts = torch.stack(
-        [(crossing[:, index] & has_target).sum(1), (pad[:, index] & has_target).sum(1)]
-    )
-    counts = _all_reduce(counts.to(_device(seen)), dist.ReduceOp.SUM).cpu()  # [2, B]
     out = []
-    for name, per_row, what in (
-        ("boundary_loss/crossing", counts[0], "target(s) across a document end"),
-        ("boundary_loss/pad", counts[1], "target(s) in the pad tail"),
+    for name, flagged, what in (
+        ("boundary_loss/crossing", crossing & has_target, "target(s) across a document end"),
+        ("boundary_loss/pad", pad & has_target, "target(s) in the pad tail"),
     ):
-        bad = [r for r in range(b) if per_row[r] > 0]
         where = ""
-        if bad:
-            r = bad[0]
-            k = _first_segment(probed, r, crossing if "crossing" in name else pad, seen)
-            where = f"row {r}, document {k}{_span(probed, r, k)}: {int(per_row[r])} {what}"
-        out.append(_count_result(name, probed.name, int(per_row.sum()), where))
+        if flagged.any():
+            r, position = (int(i) for i in flagged.nonzero()[0])
+            k = int(probed.batch.doc_ids[r, position])
+            where = (
+                f"row {r}: {int(flagged[r].sum())} {what}, the first at token {position} of "
+                f"document {k}{_span(probed, r, k)}"
+            )
+        out.append(_count_result(name, probed.name, int(flagged.sum()), where))
     return out
-
-
-def _first_segment(probed: ProbeRows, row: int, flagged: Tensor, seen: PackedBatch) -> int:
-    """The segment of a row's first flagged position that has a target."""
-    labels = torch.full(probed.batch.shape, IGNORE_INDEX)
-    labels[:, _local_index(seen).cpu()] = seen.labels.cpu()  # this rank's positions only
-    hits = (flagged[row] & (labels[row] != IGNORE_INDEX)).nonzero()
-    position = int(hits[0]) if len(hits) else probed.batch.shape[1] - 1
-    return int(probed.batch.doc_ids[row, position])
 
 
 def positions(probed: ProbeRows, seen: PackedBatch, reset: bool) -> Result:
     """Position ids the model gets vs the arm's: reset at every segment start, or 0..L-1."""
     batch = probed.batch
-    b, length = batch.shape
-    expected = position_ids_for(batch.seq_lens.cpu(), length, reset)
-    index = _local_index(seen).cpu()
-    got = seen.position_ids.cpu()
-    wrong = (got != expected[:, index]).long()
-    num_segments = batch.seq_lens.shape[1]
-    doc_ids = batch.doc_ids.cpu()[:, index]
-    per_segment = torch.zeros(b, num_segments, dtype=torch.long).scatter_add_(1, doc_ids, wrong)
-    starts = torch.full((b, num_segments), -1, dtype=torch.long)
-    at_start = position_ids_for(batch.seq_lens.cpu(), length, True)[:, index] == 0
-    starts.scatter_reduce_(1, doc_ids, torch.where(at_start, got, -1), "amax")
-    device = _device(seen)
-    per_segment = _all_reduce(per_segment.to(device), dist.ReduceOp.SUM).cpu()
-    starts = _all_reduce(starts.to(device), dist.ReduceOp.MAX).cpu()
+    expected = position_ids_for(batch.seq_lens.cpu(), batch.shape[1], reset)
+    got = _whole_rows(seen, seen.position_ids)
+    wrong = got != expected
     where = ""
-    if per_segment.any():
-        r, k = (int(i) for i in per_segment.nonzero()[0])
-        start = probed.segments(r)[k][0]
-        want = 0 if reset else start
+    if wrong.any():
+        r, position = (int(i) for i in wrong.nonzero()[0])
+        k = int(batch.doc_ids[r, position])
+        start, end = probed.segments(r)[k]
         arm = "reset" if reset else "continuous"
         where = (
-            f"row {r}, document {k}{_span(probed, r, k)}: {int(per_segment[r, k])} position "
-            f"ids differ from the {arm} arm's; it starts at {int(starts[r, k])}, expected {want}"
+            f"row {r}, document {k}{_span(probed, r, k)}: {int(wrong[r, start:end].sum())} "
+            f"position ids differ from the {arm} arm's; the first, at token {position}, is "
+            f"{int(got[r, position])}, expected {int(expected[r, position])}"
         )
-    return _count_result("positions", probed.name, int(per_segment.sum()), where)
+    return _count_result("positions", probed.name, int(wrong.sum()), where)
+
+
+def _whole_rows(seen: PackedBatch, values_Bl: Tensor) -> Tensor:
+    """[B, L] int64 on the CPU: the values every rank's shard holds, at their row positions."""
+    b, row_len = seen.shape[0], seen.row_len
+    low = torch.iinfo(torch.int64).min
+    rows = torch.full((b, row_len), low, dtype=torch.int64, device=values_Bl.device)
+    rows[:, _local_index(seen)] = values_Bl.long()
+    return _all_reduce(rows, dist.ReduceOp.MAX).cpu()
 
 
 # --------------------------------------------------------------------------- forwards
@@ -538,10 +524,6 @@ def _span(probed: ProbeRows, row: int, segment: int) -> str:
     start, end = probed.segments(row)[segment]
     pad = ", pad tail" if probed.is_pad(row, segment) else ""
     return f" (tokens {start}:{end}{pad})"
-
-
-def _device(batch: PackedBatch) -> torch.device:
-    return batch.tokens.device
 
 
 def _all_reduce(t: Tensor, op) -> Tensor:

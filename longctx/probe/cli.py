@@ -137,11 +137,7 @@ def probe_run(cfg: DictConfig, args: argparse.Namespace) -> int:
     trainer.fit(module, datamodule=datamodule)
     if callback.report is None:
         raise RuntimeError("the probe did not run: training never started")
-    if not callback.report.passed:
-        if trainer.is_global_zero:
-            print(callback.report.summary(), file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return 0 if callback.report.passed else 1
 
 
 def run() -> None:
