@@ -63,6 +63,7 @@ EQUIVALENCE_FLOOR = {
     torch.float16: 4 * torch.finfo(torch.float16).eps,
 }
 
+UNSEEN = torch.iinfo(torch.int64).min  # a row position no shard holds
 Forward = Callable[[PackedBatch], tuple[Tensor, Tensor]]  # batch -> (logits, per-token loss)
 
 
@@ -216,7 +217,8 @@ def _probe_rows(target, probed: ProbeRows, checks, tolerances, seed) -> list[Res
 def boundary_loss(probed: ProbeRows, seen: PackedBatch) -> list[Result]:
     """Targets the model gets at a segment end followed by another segment, and in pad tails."""
     b, length = probed.batch.shape
-    has_target = _whole_rows(seen, seen.labels) != IGNORE_INDEX
+    labels = _whole_rows(seen, seen.labels)
+    has_target = (labels != IGNORE_INDEX) & (labels != UNSEEN)
     crossing = torch.zeros(b, length, dtype=torch.bool)
     pad = torch.zeros(b, length, dtype=torch.bool)
     for r in range(b):
@@ -246,7 +248,7 @@ def positions(probed: ProbeRows, seen: PackedBatch, reset: bool) -> Result:
     batch = probed.batch
     expected = position_ids_for(batch.seq_lens.cpu(), batch.shape[1], reset)
     got = _whole_rows(seen, seen.position_ids)
-    wrong = got != expected
+    wrong = (got != expected) & (got != UNSEEN)
     where = ""
     if wrong.any():
         r, position = (int(i) for i in wrong.nonzero()[0])
@@ -262,10 +264,10 @@ def positions(probed: ProbeRows, seen: PackedBatch, reset: bool) -> Result:
 
 
 def _whole_rows(seen: PackedBatch, values_Bl: Tensor) -> Tensor:
-    """[B, L] int64 on the CPU: the values every rank's shard holds, at their row positions."""
+    """[B, L] int64 on the CPU: the values every rank's shard holds, at their row positions
+    (UNSEEN where no rank holds one: only when the ranks are simulated in one process)."""
     b, row_len = seen.shape[0], seen.row_len
-    low = torch.iinfo(torch.int64).min
-    rows = torch.full((b, row_len), low, dtype=torch.int64, device=values_Bl.device)
+    rows = torch.full((b, row_len), UNSEEN, dtype=torch.int64, device=values_Bl.device)
     rows[:, _local_index(seen)] = values_Bl.long()
     return _all_reduce(rows, dist.ReduceOp.MAX).cpu()
 
