@@ -52,7 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--batches", type=int, default=1, help="micro-batches per stage")
     parser.add_argument("--seed", type=int, default=0, help="seed of the perturbations")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     args.checks = check_checks(args.checks.split(",") if args.checks is not None else None)
     args.tolerances = check_tolerances(dict(_pair(t) for t in args.tolerance))
     if args.batches < 1:
