@@ -10,7 +10,7 @@ Examples:
     python -m longctx.probe                                          # tiny, CPU, sdpa
     python -m longctx.probe model.attn_backend=eager trainer.precision=bf16-mixed
     python -m longctx.probe trainer=ddp trainer.accelerator=cpu trainer.devices=2 \\
-        trainer.context_parallel=2                                   # CP=2 over gloo
+        parallel.context_parallel=2                                  # CP=2 over gloo
     python -m longctx.probe model=hf model.path=/ckpt/llama --checks isolation
     torchrun --nproc-per-node 8 -m longctx.probe trainer=fsdp trainer.devices=8 ...
 """
@@ -27,8 +27,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from longctx.cli import USER_ERRORS, command
 from longctx.probe.checks import CHECKS, TOLERANCE_NAMES, check_checks, check_tolerances
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -72,12 +70,11 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from longctx.train.app import register_resolvers, run_dir
+    from longctx.train.cli import CONF_DIR
+    from longctx.train.preflight import check_moved_overrides
+    from longctx.train.resolvers import register_resolvers, run_dir
 
-    if not (CONF_DIR / "train.yaml").is_file():
-        raise FileNotFoundError(
-            f"the config folder ({CONF_DIR}) has no train.yaml; run from a longctx checkout"
-        )
+    check_moved_overrides(overrides)
     register_resolvers()
     keys = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     extra = [] if "task_name" in keys else ["task_name=probe"]
@@ -90,7 +87,7 @@ def compose(overrides: list[str]) -> DictConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from longctx.train.app import teardown
+    from longctx.train.process import teardown
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -102,42 +99,50 @@ def main(argv: list[str] | None = None) -> int:
 def probe_run(cfg: DictConfig, args: argparse.Namespace) -> int:
     """Build the run as train.py does, probe it at its start, stop before its first step."""
     import lightning as L
-    from hydra.utils import instantiate
 
-    from longctx.distributed.slurm import slurm_plugins
     from longctx.probe.callback import LeakProbe
     from longctx.probe.checks import check_probeable
     from longctx.probe.data import run_rows
-    from longctx.train.app import (
-        build_data_and_module,
-        instantiate_config,
-        pop_context_parallel,
-        preflight,
-    )
+    from longctx.train.app import build_datamodule, build_module
+    from longctx.train.preflight import instantiate_config, preflight
 
     model_config = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
-    context_parallel, rounds = pop_context_parallel(cfg)
-    preflight(cfg, model_config, data_config, context_parallel, rounds)
+    parallel = instantiate_config("parallel", cfg.parallel)
+    preflight(cfg, model_config, data_config, parallel)
     L.seed_everything(cfg.seed, workers=True)
-    datamodule, module = build_data_and_module(
-        cfg, model_config, data_config, context_parallel, rounds
-    )
-    check_probeable(run_rows(datamodule, args.batches))  # before any process starts
+    datamodule = build_datamodule(cfg, data_config, model_config, parallel)
+    module = build_module(cfg, model_config, datamodule.eos_id, parallel)
+    check_probeable(run_rows(datamodule, args.batches))  # before any other process starts
     out = args.out or str(Path(cfg.paths.output_dir) / "probe.json")
     callback = LeakProbe(args.checks, args.tolerances, args.batches, out, True, args.seed)
-    trainer: L.Trainer = instantiate(
-        cfg.trainer,
-        logger=False,
-        callbacks=[callback],
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        plugins=slurm_plugins(),
-    )
+    trainer = probe_trainer(cfg, callback)
     trainer.fit(module, datamodule=datamodule)
     if callback.report is None:
         raise RuntimeError("the probe did not run: training never started")
     return 0 if callback.report.passed else 1
+
+
+def probe_trainer(cfg: DictConfig, callback):
+    """The run's Lightning Trainer (strategy, precision, devices) with the probe as its only
+    callback, and no logger or checkpoints: nothing trains."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from longctx.distributed.slurm import slurm_plugins
+    from longctx.train.preflight import ConfigError
+
+    try:
+        return instantiate(
+            cfg.trainer,
+            logger=False,
+            callbacks=[callback],
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            plugins=slurm_plugins(),
+        )
+    except InstantiationException as err:
+        raise ConfigError(f"trainer: {err}") from err
 
 
 def run() -> None:

@@ -39,7 +39,7 @@ class FlexBackend(AttentionBackend):
 
     def check(self, device, seq_len, *, chunks=1, training=False) -> None:
         # a context-parallel shard's query tiles are rows of the row's tile map; training rows
-        # are asked for whole tiles too (the preflight's rule since flex was added)
+        # are asked for whole tiles too
         if (chunks > 1 or training) and seq_len % (chunks * FLEX_BLOCK_SIZE):
             raise ValueError(
                 f"attn_backend='flex' needs L={seq_len} to be a multiple of {chunks} chunk(s) x "

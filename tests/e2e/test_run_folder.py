@@ -1,0 +1,80 @@
+"""The run folder's life: a refused start takes back what it wrote, whenever it is refused;
+``overwrite=true`` starts a clean folder; the record that ships is the config that trained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import FAST, compose, read_metrics, run_train
+
+from longctx.runs.folder import last_checkpoint
+from longctx.runs.record import read_stored_run
+from longctx.train.app import run
+
+SHORT = [*FAST, "trainer.max_steps=2", "trainer.val_check_interval=2"]
+
+
+def hydra_start(run_dir: Path) -> None:
+    """What Hydra writes into a run folder before train.py's code runs."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (run_dir / ".hydra" / name).write_text("x: 1\n")
+
+
+# refusals that only the data, the callbacks or Lightning can make, once training is set up
+LATE_REFUSALS = {
+    "upsampling above every document": (
+        ["data.length_upsampling={min_tokens:100000000,factor:2}"],
+        "min_tokens",
+    ),
+    "missing long documents": (
+        ["callbacks=eval", "data.long_documents=/nonexistent/long"],
+        "/nonexistent/long",
+    ),
+    "val split too small for a callback": (
+        ["callbacks=ablation", "callbacks.held_out_documents.num_documents=100000"],
+        "100000",
+    ),
+    "unknown trainer key": (["+trainer.no_such_key=1"], "no_such_key"),
+}
+
+
+@pytest.mark.parametrize("case", list(LATE_REFUSALS))
+def test_a_late_refusal_leaves_no_run_folder(case, tmp_path):
+    overrides, named = LATE_REFUSALS[case]
+    run_dir = tmp_path / "run"
+    hydra_start(run_dir)
+    with pytest.raises((ValueError, FileNotFoundError), match=named):
+        run(compose([*SHORT, *overrides], output_dir=run_dir))
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.rglob("*"))
+
+
+def test_a_refused_resume_keeps_the_run_and_removes_what_the_start_added(tmp_path):
+    run_dir = tmp_path / "run"
+    run(compose([*SHORT, "data.num_streams=2"], output_dir=run_dir))
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*") if p.is_file())
+    resume = ["data.num_streams=3", "ckpt_path=last", "trainer.max_steps=4"]
+    with pytest.raises(ValueError, match="num_streams"):
+        run(compose([*SHORT, *resume], output_dir=run_dir))
+    after = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*") if p.is_file())
+    assert after == before
+
+
+def test_overwrite_starts_a_clean_folder_and_export_reads_the_new_config(tmp_path):
+    common = [*SHORT, "run_name=r", "logger=wandb", "trainer.max_steps=3"]
+    run_train([*common, "callbacks=eval"], tmp_path)
+    run_dir = tmp_path / "outputs" / "train" / "r"
+    assert (run_dir / "eval").is_dir() and (run_dir / "wandb").is_dir()
+    proc = run_train([*SHORT, "run_name=r", "overwrite=true", "model.rope_theta=10000"], tmp_path)
+    assert "overwrite=true: deleted the previous run's" in proc.stdout
+    assert not (run_dir / "eval").exists() and not (run_dir / "wandb").exists()
+    assert not (run_dir / ".hydra" / "restart-1").exists()
+    assert "rope_theta: 10000" in (run_dir / ".hydra" / "config.yaml").read_text()
+    steps = [int(r["step"]) for r in read_metrics(run_dir) if r.get("train/loss")]
+    assert max(steps) < 2  # only the new run's two steps (0 and 1), none of the old run's third
+    stored = read_stored_run(run_dir).model_config()
+    assert stored.rope_theta == 10000
+    weights = torch.load(last_checkpoint(run_dir), weights_only=True)["state_dict"]
+    assert weights  # the record sits beside the weights it describes
