@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check, for the day a CUDA machine is lent (one call, under 8 minutes):
+# One prepared GPU check, for the day a CUDA machine is lent (one call, under 10 minutes):
 #   1. print the environment (torch, GPU, flash-attn / torch varlen availability);
 #   2. run the gpu-marked tests (tests/gpu/test_attention_gpu.py, and any other *_gpu.py module);
 #   3. run the leak probe on flash, flex and sdpa in fp32 and bf16 (longctx.probe.backends: a
@@ -26,7 +26,7 @@ BENCH_ARGS=()
 TEST_TIMEOUT=250   # flex compiles once per test shape (~20-60 s each)
 BENCH_TIMEOUT=180  # SIGINT at the limit: gpu_bench prints the stages that finished
 PROBE_ARGS=(--backends flash,sdpa,flex --seq-len 1024)
-PROBE_TIMEOUT=150  # flex compiles once per shape (the row and each document length)
+PROBE_TIMEOUT=110  # flex compiles once per shape (the row and each document length)
 if [ "${1:-}" = "--cpu-smoke" ]; then
     BENCH_ARGS=(--cpu-smoke)
     PROBE_ARGS=(--device cpu --backends sdpa,flex,eager --seq-len 512)
