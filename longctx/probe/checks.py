@@ -38,7 +38,6 @@ from torch import Tensor
 
 from longctx.batch import IGNORE_INDEX, PackedBatch, position_ids_for
 from longctx.distributed.context_parallel import ContextShard
-from longctx.model.loss import chunked_token_loss
 from longctx.probe.report import Report, Result
 
 CHECKS = ("boundary_loss", "positions", "isolation", "equivalence")
@@ -118,16 +117,19 @@ class Target:
 
 
 def packed_lm_forward(model) -> Forward:
-    """Logits and per-token loss of a longctx PackedCausalLM from one pass over its layers,
-    through the model's own output weight and chunked loss (what its training step runs)."""
+    """Logits from a longctx PackedCausalLM's forward (under FSDP2 its hooks gather the
+    parameters around it) and each token's fp32 cross-entropy of those logits, as the model's
+    chunked loss computes it."""
 
     def forward(batch: PackedBatch) -> tuple[Tensor, Tensor]:
-        hidden_BLD = model.hidden_states(batch)
-        weight = model.output_weight
-        loss_N = chunked_token_loss(
-            hidden_BLD.flatten(0, 1), weight, batch.labels.flatten(), model.loss_chunk_size
+        logits_BLV = model(batch)
+        loss_N = F.cross_entropy(
+            logits_BLV.flatten(0, 1).float(),
+            batch.labels.flatten(),
+            ignore_index=IGNORE_INDEX,
+            reduction="none",
         )
-        return F.linear(hidden_BLD, weight), loss_N.view(batch.shape)
+        return logits_BLV, loss_N.view(batch.shape)
 
     return forward
 

@@ -131,16 +131,23 @@ def test_callbacks_probe_stops_a_leaking_run(tmp_path, monkeypatch):
     assert not (tmp_path / "checkpoints").exists()
 
 
-# ------------------------------------------------------------------ context parallel, 2 ranks
-@pytest.mark.slow  # two gloo processes under Lightning's DDP launcher: about 40 s
-def test_context_parallel_2_over_gloo(tmp_path):
+# ------------------------------------------------------------------ two processes over gloo
+LAYOUTS = {
+    "cp2": ["trainer=ddp", "parallel.context_parallel=2"],
+    "fsdp2": ["trainer=fsdp"],  # every forward gathers the sharded parameters
+}
+
+
+@pytest.mark.slow  # two gloo processes under Lightning's launcher: about 40 s each
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_two_processes_over_gloo(layout, tmp_path):
     out = tmp_path / "probe.json"
-    cp2 = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
-    cmd = [sys.executable, "-m", "longctx.probe", *SMALL, *cp2, "parallel.context_parallel=2"]
+    two = ["trainer.accelerator=cpu", "trainer.devices=2", *LAYOUTS[layout]]
+    cmd = [sys.executable, "-m", "longctx.probe", *SMALL, *two]
     cmd += [f"paths.root_dir={tmp_path}", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())
-    assert report["passed"] and report["context"]["context_parallel"] == 2
-    assert report["context"]["world_size"] == 2
+    assert report["passed"] and report["context"]["world_size"] == 2
+    assert report["context"]["context_parallel"] == (2 if layout == "cp2" else 1)
     assert proc.stdout.count("| isolation/logits") == 1  # rank 0 prints the table
