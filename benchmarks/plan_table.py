@@ -1,4 +1,4 @@
-"""The README's planning table: Llama 3 8B at 8k .. 1M tokens on nodes of 8 H100 / H200 GPUs.
+"""docs/planner.md's planning table: Llama 3 8B at 8k .. 1M tokens on nodes of 8 H100/H200s.
 
 For each row length and GPU: the smallest layout the capacity planner (longctx.planner) says
 fits, searched as fewest nodes first, then smallest context-parallel size: FSDP2 in bf16 over

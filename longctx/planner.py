@@ -19,12 +19,13 @@ Step time is a roofline: model FLOPs (``longctx.model.estimate_flops``, attentio
 documents only) over peak x MFU, plus FSDP2's parameter traffic where it outlasts compute
 (prefetched, so it overlaps) and the K/V all-gather, which sits on the critical path.
 
-    python benchmarks/plan_table.py   # the README's Llama 3 8B table -> results/planning_table.json
+    python benchmarks/plan_table.py   # docs/planner.md's Llama 3 8B table -> results/planning_table.json
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import resource
 from dataclasses import dataclass
 
@@ -46,10 +47,58 @@ INTER_NODE_BYTES_PER_S = 45e9
 DEFAULT_MFU = 0.40
 # fp32 weights (the optimizer's master copy), fp32 gradients, AdamW's two fp32 moments
 WEIGHT_BYTES, GRADIENT_BYTES, ADAMW_BYTES = 4, 4, 8
+# glibc's heap as train.py runs on CPU (longctx.train.cpu_memory.retain_freed_memory): freed
+# blocks stay mapped for the next step, and their fragments leave the heap larger than the
+# tensors alive at once. Measured on train.py's own path (one step of the tiny model, peak RSS
+# against this plan; benchmarks/bench_train_rss.py, results/train_rss.json), the excess is about
+# this fraction of the activations' and working sets' peak: an allowance, not a model of malloc
+CPU_HEAP_RETENTION = 0.30
 
 
 class PlanError(ValueError):
     """A planning input that is missing or cannot work; the message names the key to set."""
+
+
+def require_positive(name: str, value, setting: str) -> None:
+    """A finite positive number, or a PlanError naming the setting it comes from."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise PlanError(f"{setting}={value!r}: the {name}; expected a finite positive number")
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """The ``planner`` config group: what a dry run plans for (see conf/train.yaml)."""
+
+    device: str | None = None
+    device_memory_gb: float | None = None  # None: the visible GPU's, the table's or the host's
+    mfu: float = DEFAULT_MFU
+    intra_node_gb_per_s: float = INTRA_NODE_BYTES_PER_S / 1e9
+    inter_node_gb_per_s: float = INTER_NODE_BYTES_PER_S / 1e9
+
+    def __post_init__(self) -> None:
+        if self.device is not None and not isinstance(self.device, str):
+            raise PlanError(f"planner.device={self.device!r}; expected an accelerator name or null")
+        if self.device_memory_gb is not None:
+            require_positive(
+                "memory of one device", self.device_memory_gb, "planner.device_memory_gb"
+            )
+        require_positive("model FLOPs utilisation", self.mfu, "planner.mfu")
+        if self.mfu > 1:
+            raise PlanError(f"planner.mfu={self.mfu}; expected a fraction in (0, 1]")
+        for key in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
+            require_positive("collective bandwidth per GPU", getattr(self, key), f"planner.{key}")
+
+    @classmethod
+    def from_dict(cls, settings: dict) -> PlannerSettings:
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise PlanError(
+                f"planner.{unknown[0]}: unknown planner setting{'s' if len(unknown) > 1 else ''} "
+                f"{unknown}; expected one of {known}"
+            )
+        return cls(**settings)
 
 
 @dataclass(frozen=True)
@@ -61,6 +110,21 @@ class Device:
     baseline_note: str
     intra_node_bytes_per_s: float = INTRA_NODE_BYTES_PER_S
     inter_node_bytes_per_s: float = INTER_NODE_BYTES_PER_S
+    # the allocator's excess over the tensors alive at once, as a fraction of their peak
+    # (CPU_HEAP_RETENTION for train.py on CPU; 0 where a caching allocator reuses exactly)
+    heap_retention: float = 0.0
+
+    def __post_init__(self) -> None:
+        require_positive("device memory", self.memory_bytes, "planner.device_memory_gb")
+        if not (math.isfinite(self.heap_retention) and self.heap_retention >= 0):
+            raise PlanError(f"heap_retention={self.heap_retention!r}; expected a fraction >= 0")
+        if self.peak_flops is not None:
+            require_positive("peak FLOP/s", self.peak_flops, "peak_flops_per_device")
+        for name, setting in (
+            ("intra_node_bytes_per_s", "planner.intra_node_gb_per_s"),
+            ("inter_node_bytes_per_s", "planner.inter_node_gb_per_s"),
+        ):
+            require_positive("collective bandwidth per GPU (bytes/s)", getattr(self, name), setting)
 
 
 @dataclass(frozen=True)
@@ -151,10 +215,7 @@ class Plan:
     @property
     def total_bytes(self) -> int:
         """Held terms plus the largest phase's transient terms: the peak."""
-        held = sum(t.bytes for t in self.terms if not t.phases)
-        phases = {p for t in self.terms for p in t.phases}
-        peaks = [sum(t.bytes for t in self.terms if p in t.phases) for p in phases]
-        return held + max(peaks, default=0)
+        return peak_bytes(self.terms)
 
     @property
     def fits(self) -> bool:
@@ -163,6 +224,13 @@ class Plan:
     @property
     def largest(self) -> Term:
         return max(self.terms, key=lambda t: t.bytes)
+
+
+def peak_bytes(terms) -> int:
+    """Held terms plus the largest backward phase's transient terms."""
+    held = sum(t.bytes for t in terms if not t.phases)
+    phases = {p for t in terms for p in t.phases}
+    return held + max((sum(t.bytes for t in terms if p in t.phases) for p in phases), default=0)
 
 
 # --------------------------------------------------------------------------- memory terms
@@ -344,7 +412,29 @@ def root_params(config: LlamaConfig) -> int:
 
 
 def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Term]:
-    terms = parameter_terms(config, layout) + activation_terms(config, layout)
+    parameters = parameter_terms(config, layout)
+    terms = step_tensor_terms(config, layout)
+    retained = retained_heap_term(terms, device)
+    runtime = Term("runtime baseline", device.baseline_bytes, device.baseline_note)
+    return parameters + terms + ([retained] if retained else []) + [runtime]
+
+
+def retained_heap_term(step_terms: list[Term], device: Device) -> Term | None:
+    """The allocator's excess over a step's tensors: ``heap_retention`` x their peak, held
+    (the heap keeps it for the rest of the run)."""
+    if not device.heap_retention:
+        return None
+    return Term(
+        "retained heap (glibc, freed blocks kept)",
+        int(device.heap_retention * peak_bytes(step_terms)),
+        f"{device.heap_retention:.2f} x the step tensors' peak, measured on train.py",
+    )
+
+
+def step_tensor_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
+    """What one step allocates beyond the parameters and optimizer state: activations, the
+    backward working sets, the loss buffers, eager's mask and context parallelism's K/V."""
+    terms = activation_terms(config, layout)
     terms += [
         Term(
             "feed-forward backward working set",
@@ -369,9 +459,7 @@ def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Te
     if layout.attn_backend == "eager":
         mask = layout.tokens_per_rank * layout.seq_len  # [B, L/CP, L] bool
         terms.append(Term("dense L x L mask (eager)", mask, "bool"))
-    terms += gathered_kv_terms(config, layout)
-    terms.append(Term("runtime baseline", device.baseline_bytes, device.baseline_note))
-    return terms
+    return terms + gathered_kv_terms(config, layout)
 
 
 # --------------------------------------------------------------------------- step time

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The README's ablation result: the 2x2 position ablation (reset_position_ids x document_mask) on
-# CPU, then longctx.experiments.analysis over it (docs/ablation.png, docs/ablation_held_out.png and the
-# summary docs/ablation.json: held-out loss per arm with bootstrap CIs, paired verdicts).
+# The position ablation of docs/results.md: the 2x2 grid (reset_position_ids x document_mask) on
+# CPU, then longctx.experiments.analysis over it (docs/ablation.png, docs/ablation_held_out.png and
+# the summary docs/ablation.json: held-out loss per arm with bootstrap CIs, paired verdicts).
 #
 #   scripts/ablation_figure.sh [SWEEP_DIR] [extra train.py overrides ...]
 #
 # Sizes come from the environment: SEQ_LEN (default 4096), STEPS per arm (300), ROWS per step (1),
 # VAL_EVERY (100 steps), SEEDS (0; e.g. 0,1 adds seed-to-seed spread). fp32: on a CPU without
 # native bf16 matmuls (no AVX512-BF16/AMX) bf16 autocast is far slower, not faster.
-# Every arm is also scored on the same 64 held-out documents, each alone (callbacks=ablation,
-# set by the experiment). Runs go to SWEEP_DIR (default outputs/ablation_result), logged by W&B
-# (offline without a key).
+# Every arm is also scored on the same held-out documents (the whole validation split), each
+# alone (callbacks=ablation, set by the experiment). Runs go to SWEEP_DIR (default
+# outputs/ablation_result), logged by W&B (offline without a key).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"

@@ -16,7 +16,7 @@ Resampling documents (and, when the sweep has several seeds, seeds) gives
 - per arm with several seeds: the seed-to-seed spread of the run losses;
 - per arm and position bucket: the loss with its CI (the bands of the per-position figure).
 
-An arm is a run's (reset_position_ids, document_mask, packer); :mod:`longctx.experiments.arms` names it.
+An arm is a run's (reset_position_ids, document_mask, packer); :mod:`longctx.data.arms` names it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from longctx.experiments.arms import ARM_ORDER, arm_label
+from longctx.data.arms import ARM_ORDER, arm_label
 from longctx.experiments.runs import require_runs, run_name, run_settings
 
 HELD_OUT_FILE = Path("eval") / "held_out_documents.csv"

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from longctx.cli import command
+from longctx.data.arms import ARM_ORDER, arm_label
 from longctx.experiments.ablation import format_summary, summarize
-from longctx.experiments.arms import ARM_ORDER, arm_label
 from longctx.experiments.runs import find_runs, require_runs, run_name, run_settings
 
 CSV_LOG = Path("csv") / "metrics.csv"

@@ -95,7 +95,11 @@ def planner_device(cfg: DictConfig, device: torch.device) -> planner.Device:
         memory = memory_gb * 1e9 if memory_gb else available_memory_bytes(device)
         rss = planner.process_rss_bytes()
         note = "this process's RSS (Python, torch, the app's imports), measured"
-        return planner.Device("cpu", int(memory), peak, rss, note, **bandwidths)
+        # train.py keeps freed heap blocks on CPU (retain_freed_memory): plan with their excess
+        retention = planner.CPU_HEAP_RETENTION
+        return planner.Device(
+            "cpu", int(memory), peak, rss, note, **bandwidths, heap_retention=retention
+        )
     name = cfg.planner.device or (
         torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     )

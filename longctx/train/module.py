@@ -26,6 +26,9 @@ from longctx.distributed.context_parallel import context_parallel_group, context
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
 from longctx.model.interface import ModelSpec, PackedCausalLM
+from longctx.model.validation import require_number
+from longctx.train.nonfinite import NonFiniteGuard
+from longctx.train.step_axis import STEP_KEY, log_at_step, validate_at_optimizer_steps
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
@@ -42,6 +45,17 @@ def build_model(spec: ModelSpec) -> nn.Module:
     return model
 
 
+def check_optim_settings(weight_decay: float, grad_clip: float | None) -> None:
+    """optim.weight_decay and optim.grad_clip (None or 0: no clipping): finite, not negative."""
+    require_number("optim.weight_decay", weight_decay)
+    if weight_decay < 0:
+        raise ValueError(f"optim.weight_decay={weight_decay}; expected >= 0")
+    if grad_clip is not None:
+        require_number("optim.grad_clip", grad_clip)
+        if grad_clip < 0:
+            raise ValueError(f"optim.grad_clip={grad_clip}; expected >= 0 (0 or null: no clip)")
+
+
 def warmup_cosine_schedule(
     optimizer: torch.optim.Optimizer,
     total_steps: int,
@@ -49,7 +63,7 @@ def warmup_cosine_schedule(
     min_lr_ratio: float = 0.1,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up from 0 to the peak lr, then cosine decay to min_lr_ratio * peak."""
-    if total_steps < 1 or warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
+    if total_steps < 1 or warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:  # NaN: refused
         raise ValueError(
             f"schedule needs total_steps >= 1, warmup_steps >= 0, 0 <= min_lr_ratio <= 1; got "
             f"total_steps={total_steps}, warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}"
@@ -94,12 +108,16 @@ class LongCtxModule(L.LightningModule):
         context_parallel: int = 1,
         context_parallel_rounds: int = 1,
         allow_global_batch_change: bool = False,
+        skip_nonfinite: int = 0,
     ) -> None:
         """allow_global_batch_change: a resume on a data-parallel size that cannot keep the
-        checkpoint's global batch goes on with the nearest one instead of stopping."""
+        checkpoint's global batch goes on with the nearest one instead of stopping.
+        skip_nonfinite: steps with a non-finite loss or gradient norm a run may skip (in
+        total) before it stops (longctx.train.nonfinite)."""
         super().__init__()
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        check_optim_settings(weight_decay, grad_clip)
         if context_parallel != 1 and not model_config.supports_context_parallel:
             raise ValueError(
                 f"context_parallel={context_parallel}: {type(model_config).__name__}'s model "
@@ -117,6 +135,7 @@ class LongCtxModule(L.LightningModule):
         self.context_parallel_rounds = context_parallel_rounds
         self.cp_group = None  # set in setup() once the process group exists
         self.allow_global_batch_change = allow_global_batch_change
+        self.nonfinite = NonFiniteGuard(skip_nonfinite)
         self.tokens_seen = 0
         self._micro_batch_rows: int | None = None  # seen in training; part of the global batch
         self._resumed_global_batch: GlobalBatch | None = None  # to keep, from a checkpoint
@@ -127,6 +146,9 @@ class LongCtxModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         if self.context_parallel > 1 and self.cp_group is None:
             self.cp_group = context_parallel_group(self.context_parallel)
+
+    def on_fit_start(self) -> None:
+        validate_at_optimizer_steps(self.trainer, lambda: self.at_step_boundary)
 
     def _context_shard(self, batch: PackedBatch) -> PackedBatch:
         """This rank's share of the rows under context parallelism; the batch itself without."""
@@ -180,11 +202,13 @@ class LongCtxModule(L.LightningModule):
         checkpoint["longctx"] = {
             "tokens_seen": self.tokens_seen,
             "global_batch": None if global_batch is None else dataclasses.asdict(global_batch),
+            "nonfinite_skipped": self.nonfinite.skipped,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("longctx", {})
         self.tokens_seen = state.get("tokens_seen", 0)
+        self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
         if "global_batch" not in state:
             raise ValueError(
                 "the checkpoint has no longctx.global_batch (rows per optimizer step; written "
@@ -263,12 +287,20 @@ class LongCtxModule(L.LightningModule):
         # DDP/FSDP average gradients over ranks: times world size, over the step's targets.
         self._scale_gradients(self.trainer.world_size / max(num_targets, 1))
         grad_norm = self._clip_gradients()
+        loss = loss_sum / max(num_targets, 1)
+        # every rank sees the same reduced loss and norm, so all skip or stop together
+        skipped = self.nonfinite.check(self.global_step + 1, float(loss), float(grad_norm))
+        if skipped is not None:
+            rank_zero_info(skipped)
+            opt.zero_grad(set_to_none=True)
+            self._reset_accumulators()
+            return
         opt.step()
         opt.zero_grad(set_to_none=True)
         if sched is not None:
             sched.step()
         self.tokens_seen += num_tokens
-        self._log_step(loss_sum / max(num_targets, 1), grad_norm, num_tokens, opt)
+        self._log_step(loss, grad_norm, num_tokens, opt)
         self._reset_accumulators()
 
     def _scale_gradients(self, factor: float) -> None:
@@ -326,7 +358,12 @@ class LongCtxModule(L.LightningModule):
             metrics["train/docs_per_row"] = docs_per_row
         if self.peak_flops_per_device:
             metrics["train/mfu"] = self._flops / elapsed / self.peak_flops_per_device
-        self.log_dict(metrics, prog_bar=False, batch_size=1, rank_zero_only=True)
+        if self.nonfinite.skipped:
+            metrics["train/nonfinite_skipped"] = float(self.nonfinite.skipped)
+        # the loggers get one row per optimizer step (longctx.train.step_axis); Lightning keeps
+        # the values for callbacks and the progress bar only
+        log_at_step(self.trainer, metrics, self.global_step)
+        self.log_dict(metrics, prog_bar=False, logger=False, batch_size=1, rank_zero_only=True)
         self.log("loss", float(loss), prog_bar=True, logger=False, batch_size=1)
 
     def _reset_accumulators(self) -> None:
@@ -361,3 +398,5 @@ class LongCtxModule(L.LightningModule):
         metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
         metrics.update(acc.bucket_metrics("val"))
         self.log_dict(metrics, batch_size=1, sync_dist=False)
+        # the x-axis of this row (and of the callbacks' validation metrics logged with it)
+        self.log(STEP_KEY, float(self.global_step), batch_size=1, prog_bar=False)

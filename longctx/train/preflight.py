@@ -21,6 +21,7 @@ from longctx.distributed.layout import ParallelConfig, world_size
 from longctx.distributed.slurm import check_allocation, check_master_address
 from longctx.model.attention import get_backend, resolve_backend
 from longctx.model.interface import ModelSpec
+from longctx.train.options import check_finite, check_planner, unreached_stages
 
 # keys that moved: an old command line gets the new name instead of a Hydra struct error
 MOVED_KEYS = {
@@ -198,6 +199,13 @@ def preflight(
 ) -> torch.device:
     """Every check that needs no data and no allocation; returns the training device."""
     check_moved_keys(cfg)
+    try:
+        check_finite(cfg)
+        check_planner(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    for warning in unreached_stages(data_config.stages, cfg.trainer.get("max_steps")):
+        print(warning, flush=True)
     device = training_device(cfg.trainer)
     if not cfg.dry_run:  # a dry run plans for the target machine, maybe not this one
         check_devices(cfg.trainer, device)

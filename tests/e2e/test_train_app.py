@@ -25,10 +25,10 @@ from helpers import (
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from longctx.data.arms import arm_description
 from longctx.distributed.layout import ParallelConfig
 from longctx.experiments.ablation import summarize
 from longctx.experiments.analysis import load_local
-from longctx.experiments.arms import arm_description
 from longctx.model import Llama, LlamaConfig
 from longctx.train.app import ConfigError, run
 
