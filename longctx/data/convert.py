@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longctx.cli import command
+from longctx.cli import bar, command
 from longctx.data.prepare import DEFAULT_SHARD_TOKENS, claim_output_folder, existing_manifest
 from longctx.data.shards import (
     FORMAT_VERSION,
@@ -45,7 +45,6 @@ from longctx.data.shards import (
 from longctx.data.sources import describe_source, is_validation
 from longctx.data.tokenizer import load_tokenizer
 from longctx.io import remove_temp_files
-from longctx.progress import bar
 
 FORMATS = ("megatron", "datatrove", "hf")
 MEGATRON_HEADER = b"MMIDIDX\x00\x00"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longctx.cli import USER_ERRORS, command
+from longctx.cli import USER_ERRORS, bar, command
 from longctx.data.pipeline import (
     PrepareTaskFailed,
     ReadDocuments,
@@ -59,7 +59,6 @@ from longctx.data.shards import (
 from longctx.data.sources import Source, describe_source, expand_inputs, task_range
 from longctx.data.tokenizer import Tokenizer, load_tokenizer
 from longctx.io import atomic_write_bytes
-from longctx.progress import bar
 
 __all__ = ["PrepareTaskFailed", "SlurmOptions", "prepare"]
 

@@ -29,32 +29,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from longctx.cli import command
+from longctx.cli import bar, command
 from longctx.data.tokenizer import ByteTokenizer
 from longctx.hf.export_tokenizer import write_byte_tokenizer, write_user_tokenizer
 from longctx.hf.lengths import max_positions, trained_length
+from longctx.hf.run_model import EXPORT_RECORD, llama_config, read_model
 from longctx.hf.verify import add_verify_options, verify
 from longctx.io import make_readable
 from longctx.model import Llama, LlamaConfig
-from longctx.progress import bar
-from longctx.runs.record import StoredRun, read_stored_run
-from longctx.train.init_from import resolve
+from longctx.runs.record import read_stored_run
 
-EXPORT_RECORD = "longctx_export.json"
 GENERATION_CONFIG = "generation_config.json"
-
-
-def llama_config(stored: StoredRun) -> LlamaConfig:
-    """The run's model config from its checkpoint's record; only longctx's Llama exports."""
-    config = stored.model_config()
-    if not isinstance(config, LlamaConfig):
-        raise ValueError(
-            f"{stored.checkpoint} was trained with {type(config).__name__}, not longctx's Llama; "
-            "a model=hf run's weights are already a transformers model"
-        )
-    return config
 
 
 @dataclasses.dataclass
@@ -103,16 +88,6 @@ def export(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return Export(out, config, data, trained, length)
-
-
-def read_model(checkpoint: Path, config: LlamaConfig) -> Llama:
-    """longctx's Llama with ``checkpoint``'s weights, on the CPU in fp32."""
-    config = dataclasses.replace(config, init_from=str(checkpoint))
-    with torch.device("meta"):
-        model = Llama(config)
-    model.to_empty(device="cpu")
-    resolve(checkpoint).load_into(model)
-    return model.eval()
 
 
 def _write_tokenizer(tokenizer, folder: Path, length: int, vocab_size: int) -> dict[str, int]:

@@ -32,8 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longctx.cli import command
-from longctx.progress import interactive
+from longctx.cli import command, interactive
 
 TASK_NAME = "longctx_heldout"
 TASK_FOLDER = "lm_eval"
@@ -200,7 +199,7 @@ def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> 
     """Check the export at ``folder``; see the module docstring. Prints what it measured."""
     import transformers
 
-    from longctx.hf.export import EXPORT_RECORD, llama_config, read_model  # export imports us
+    from longctx.hf.run_model import EXPORT_RECORD, llama_config, read_model
     from longctx.runs.record import read_stored_run
 
     folder = Path(folder)

@@ -58,7 +58,7 @@ def make_run(
 
 def longctx_model(run: Path) -> Llama:
     """longctx's Llama as the run's record and last checkpoint give it."""
-    from longctx.hf.export import llama_config, read_model
+    from longctx.hf.run_model import llama_config, read_model
     from longctx.runs.record import read_stored_run
 
     stored = read_stored_run(run)
