@@ -1,49 +1,83 @@
 #!/usr/bin/env bash
-# The context-extension recipe (issue #22): stage 1 trains the tiny model at 256 tokens
-# (experiment=context_extension_stage1), stage 2 extends it 8x to 2048 as a multirun over the RoPE
-# arms {unchanged, ABF theta x50, linear, YaRN} from stage 1's weights (experiment=
-# context_extension, model.init_from), then every arm is evaluated on the long held-out documents
-# out to 4x its length, with the passkey probe up to that length, and the table and figure are
-# written (python -m longctx.experiments.extension_report).
+# The context-extension recipe (issues #22, #34), once per training seed: stage 1 trains the tiny
+# model at 256 tokens (experiment=context_extension_stage1), stage 2 extends it 8x to 2048 as a
+# multirun over the RoPE arms {unchanged, ABF theta x50, linear, YaRN} from stage 1's weights
+# (experiment=context_extension, model.init_from); both stages read the embedded corpus mixed 1:1
+# with synthesized long-range documents (python -m longctx.data.synthesize, written here when
+# absent). Every arm is then evaluated on the long held-out documents out to 4x its length with
+# the passkey probe, and on the effective-length suite at 1/4 .. 4x its length (the same
+# instances for every arm and seed); the per-seed table and figure are written
+# (python -m longctx.experiments.extension_report), then the suite per arm over both seeds, paired with
+# unchanged RoPE, with effective lengths and heat maps (python -m longctx.experiments.ruler_report).
 #
 #   scripts/context_extension.sh [RUNS_ROOT] [extra overrides for both stages ...]
 #
-# Sizes from the environment: SEQ1 (stage 1's length, default 256; stage 2 is 8x it), STEPS1
-# (default 600 steps of 8 x SEQ1), STEPS2 (150 steps of 1 x 8 SEQ1 per arm), PROBE_SAMPLES (4 per
-# length and depth); FIGURE (default docs/context_extension.png; the table and numbers go beside it
-# as .json).
+# Sizes from the environment: SEEDS (training seeds, default "0 1"; seed S runs in RUNS_ROOT/seedS),
+# SEQ1 (stage 1's length, default 256; stage 2 is 8x it), STEPS1 (default 600 steps of 8 x SEQ1),
+# STEPS2 (150 steps of 1 x 8 SEQ1 per arm), PROBE_SAMPLES (4 per length and depth), RULER_SAMPLES
+# (4 per task, length and depth), MIX_SEED (1000), MIX_DOCUMENTS (4000 per task), INSTANCE_SEED
+# (0); FIGURE (default docs/context_extension.png: each seed's table and numbers go beside it as
+# _s<seed>.png/.json, the suite's report as _ruler.json/.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 ROOT="${1:-outputs/context_extension}"
 shift || true
-SEQ1="${SEQ1:-256}" STEPS1="${STEPS1:-600}" STEPS2="${STEPS2:-150}"
-PROBE_SAMPLES="${PROBE_SAMPLES:-4}" SEQ2=$(( 8 * SEQ1 ))
+SEEDS="${SEEDS:-0 1}" SEQ1="${SEQ1:-256}" STEPS1="${STEPS1:-600}" STEPS2="${STEPS2:-150}"
+PROBE_SAMPLES="${PROBE_SAMPLES:-4}" RULER_SAMPLES="${RULER_SAMPLES:-4}" SEQ2=$(( 8 * SEQ1 ))
+MIX_SEED="${MIX_SEED:-1000}" MIX_DOCUMENTS="${MIX_DOCUMENTS:-4000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
 FIGURE="${FIGURE:-docs/context_extension.png}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
+TASKS="passkey,niah_single,copy"
+# 1/4 and 1/2 of the final length (at least the needle tasks' minimum), 1x, 2x and 4x
+LOW=$(( SEQ2 / 4 < 192 ? 192 : SEQ2 / 4 ))
+LENGTHS=$(printf '%s\n' "$LOW" $(( SEQ2 / 2 )) "$SEQ2" $(( 2 * SEQ2 )) $(( 4 * SEQ2 )) \
+  | awk -v low="$LOW" '$1 >= low' | sort -n -u | tr '\n' ' ')
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
-stage1="$ROOT/outputs/train/stage1"
-if [ -e "$stage1" ]; then
-  echo "context_extension: $stage1 exists (an earlier recipe run); pass another RUNS_ROOT" >&2
-  exit 2
-fi
+for seed in $SEEDS; do
+  if [ -e "$ROOT/seed$seed/outputs/train/stage1" ]; then
+    echo "context_extension: $ROOT/seed$seed exists (an earlier recipe run); pass another RUNS_ROOT" >&2
+    exit 2
+  fi
+done
 start=$SECONDS
+for length in "$SEQ1" "$SEQ2"; do
+  mix="$CACHE/ruler_mix_L${length}_s${MIX_SEED}"
+  if [ ! -e "$mix/manifest.json" ]; then
+    "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
+      --documents "$MIX_DOCUMENTS" --min-length 32 --max-length "$length" --out "$mix" \
+      --cache-dir "$CACHE"
+  fi
+done
 
-"$PY" train.py experiment=context_extension_stage1 run_name=stage1 "paths.root_dir=$ROOT" \
-  logger=csv "paths.cache_dir=$CACHE" "data.seq_len=$SEQ1" "trainer.max_steps=$STEPS1" \
-  "trainer.val_check_interval=$(( STEPS1 < 200 ? STEPS1 : 200 ))" "$@"
+for seed in $SEEDS; do
+  runs="$ROOT/seed$seed"
+  stage1="$runs/outputs/train/stage1"
+  "$PY" train.py experiment=context_extension_stage1 run_name=stage1 "paths.root_dir=$runs" \
+    logger=csv "paths.cache_dir=$CACHE" "seed=$seed" "data.seq_len=$SEQ1" \
+    "ruler_mix=$CACHE/ruler_mix_L${SEQ1}_s${MIX_SEED}" "trainer.max_steps=$STEPS1" \
+    "trainer.val_check_interval=$(( STEPS1 < 200 ? STEPS1 : 200 ))" "$@"
 
-"$PY" train.py -m experiment=context_extension "model.init_from=$stage1" \
-  "paths.root_dir=$ROOT" logger=csv "paths.cache_dir=$CACHE" "stage1_seq_len=$SEQ1" \
-  "data.seq_len=$SEQ2" "trainer.max_steps=$STEPS2" \
-  "trainer.val_check_interval=$(( STEPS2 < 50 ? STEPS2 : 50 ))" "$@"
-sweep="$(ls -d "$ROOT"/multirun/train/* | sort | tail -1)"
+  "$PY" train.py -m experiment=context_extension "model.init_from=$stage1" \
+    "paths.root_dir=$runs" logger=csv "paths.cache_dir=$CACHE" "seed=$seed" \
+    "stage1_seq_len=$SEQ1" "data.seq_len=$SEQ2" "ruler_mix=$CACHE/ruler_mix_L${SEQ2}_s${MIX_SEED}" \
+    "trainer.max_steps=$STEPS2" "trainer.val_check_interval=$(( STEPS2 < 50 ? STEPS2 : 50 ))" "$@"
+  sweep="$(ls -d "$runs"/multirun/train/* | sort | tail -1)"
 
-for arm in "$sweep"/*rope_arm=*/; do
-  "$PY" -m longctx.eval "$arm/checkpoints/last.ckpt" --cache-dir "$CACHE" --long-factor 4 \
-    --probe-samples "$PROBE_SAMPLES"
+  for arm in "$sweep"/*rope_arm=*/; do
+    "$PY" -m longctx.eval "$arm/checkpoints/last.ckpt" --cache-dir "$CACHE" --long-factor 4 \
+      --probe-samples "$PROBE_SAMPLES"
+    "$PY" -m longctx.eval "$arm/checkpoints/last.ckpt" --cache-dir "$CACHE" --long-factor 4 \
+      --suite ruler --tasks "$TASKS" --lengths $LENGTHS --depths 0 0.25 0.5 0.75 1 \
+      --samples "$RULER_SAMPLES" --seed "$INSTANCE_SEED"
+  done
+  "$PY" -m longctx.experiments.extension_report "$sweep" --out "${FIGURE%.*}_s$seed.png" \
+    --json "${FIGURE%.*}_s$seed.json" --note \
+    "tiny, seed $seed, stage 1: $STEPS1 x 8 x $SEQ1, stage 2: $STEPS2 x 1 x $SEQ2 per arm, the long-range mix (seed $MIX_SEED) 1:1; $(( SECONDS - start )) s wall so far"
 done
 seconds=$(( SECONDS - start ))
-"$PY" -m longctx.experiments.extension_report "$sweep" --out "$FIGURE" --json "${FIGURE%.*}.json" --note \
-  "tiny, stage 1: $STEPS1 x 8 x $SEQ1, stage 2: $STEPS2 x 1 x $SEQ2 per arm; ${seconds} s wall"
-echo "context_extension: ${seconds} s in all; results in $sweep"
+"$PY" -m longctx.experiments.ruler_report "$ROOT" --arm-by rope_arm --control unchanged \
+  --json "${FIGURE%.*}_ruler.json" \
+  --extra "{\"train_seeds\": [$(echo $SEEDS | tr ' ' ',')], \"mix_seed\": $MIX_SEED, \"final_length\": $SEQ2, \"wall_s\": $seconds}" \
+  --note "tiny, stage 1: $STEPS1 x 8 x $SEQ1, stage 2: $STEPS2 x 1 x $SEQ2 per RoPE arm, seeds $SEEDS, the long-range mix (seed $MIX_SEED) 1:1, instance seed $INSTANCE_SEED; ${seconds} s wall"
+echo "context_extension: ${seconds} s in all; results in $ROOT"

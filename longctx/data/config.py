@@ -45,7 +45,9 @@ class LengthUpsampling:
 
 @dataclasses.dataclass
 class DataConfig:
-    shards: list[str] | None = None  # prepared folders; None -> the embedded default corpus
+    # prepared folders, the name "embedded" among them standing for the embedded corpus;
+    # None -> the embedded corpus alone
+    shards: list[str] | None = None
     weights: list[float] | None = None  # mixing weights, one per folder
     seq_len: int = 2048
     packer: str = "best_fit"  # "concat_chunk" | "best_fit"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longctx.cli import command
+from longctx.cli import bar, command
 from longctx.data.prepare import DEFAULT_SHARD_TOKENS, claim_output_folder, existing_manifest
 from longctx.data.shards import (
     FORMAT_VERSION,
@@ -128,8 +128,10 @@ def _copy(source, out, vocab, dtype, source_sha, val_fraction, shard_tokens):
     writers = {s: SplitWriter(out, f"{s}-00000", dtype, shard_tokens) for s in ("train", "val")}
     digests = {s: hashlib.sha256() for s in ("train", "val")}
     skipped = read = 0
+    progress = bar(source.declared_tokens, "convert", unit="tok")
     for number, doc in enumerate(source.documents()):
         read += len(doc)
+        progress.update(len(doc))
         if len(doc) == 0:
             skipped += 1
             continue
@@ -142,6 +144,7 @@ def _copy(source, out, vocab, dtype, source_sha, val_fraction, shard_tokens):
             f"{source.files[0]}: the source declares {source.declared_tokens} tokens, its "
             f"documents hold {read}; the index disagrees with the token file"
         )
+    progress.close()
     splits = {name: w.close() for name, w in writers.items()}
     if not any(s.documents for s in splits.values()):
         raise ValueError(f"{source.files[0]} holds no non-empty documents")
@@ -474,6 +477,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"{name}: {split.documents} documents, {split.tokens} tokens, {len(split.shards)} shards"
         )
+    print(f"wrote {args.out}")
+    print(f"next: python train.py data=shards data.shards={args.out}")
 
 
 cli = command(main)  # the console script and python -m: one-line errors, exit 2

@@ -35,7 +35,9 @@ CORPUS_NAME = "kjv-chapters-v2"
 LONG_DOCUMENTS_NAME = "kjv-held-out-books"
 # whole books never trained on: the Old and New Testament, prose, poetry and prophecy
 HELD_OUT_BOOKS = ("Ecclesiastes", "Lamentations", "Hosea", "Zechariah", "Romans", "Hebrews")
-VAL_FRACTION = 0.05  # about 60 chapters (200 kB): enough for 16 validation rows of 8192
+VAL_FRACTION = 0.05
+# the name that stands for the embedded corpus in data.shards (mixed with prepared folders)
+EMBEDDED = "embedded"  # about 60 chapters (200 kB): enough for 16 validation rows of 8192
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:

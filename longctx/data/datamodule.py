@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from longctx.batch import PackedBatch
 from longctx.data.config import DataConfig
-from longctx.data.corpus import default_corpus_dir
+from longctx.data.corpus import EMBEDDED, default_corpus_dir
 from longctx.data.packing import PackedRow, collate_rows, make_packer
 from longctx.data.shards import Manifest, ShardSet, load_manifest
 from longctx.data.streams import (
@@ -128,14 +128,19 @@ class LongCtxDataModule(L.LightningDataModule):
             logger.log_metrics({"data/long_token_share": after}, step=0)
 
     def folders(self) -> list[Path]:
-        """The prepared folders read: data.shards, or the embedded corpus (prepared on first use)."""
+        """The prepared folders read: data.shards (the name ``embedded`` is the embedded corpus),
+        or the embedded corpus alone (prepared on first use)."""
         if self._folders is None:
             if self.config.shards is None:
                 self._folders = [default_corpus_dir(self.config.cache_dir)]
             else:
                 if not self.config.shards:
                     raise ValueError("DataConfig.shards=[]; expected prepared folders or None")
-                self._folders = [Path(f) for f in self.config.shards]
+                cache = self.config.cache_dir
+                self._folders = [
+                    default_corpus_dir(cache) if f == EMBEDDED else Path(f)
+                    for f in self.config.shards
+                ]
         return self._folders
 
     def _open(self) -> list[ShardSet]:

@@ -1,4 +1,4 @@
-"""python -m longctx.eval CHECKPOINT [--seq-len L] [--out DIR] [--backend NAME] ..."""
+"""python -m longctx.eval CHECKPOINT [--seq-len L] [--out DIR] [--suite ruler] [--hf DIR] ..."""
 
 from longctx.eval.cli import cli
 

@@ -6,6 +6,10 @@ must not run code), and its ``model.*`` weights are loaded; the fixed validation
 position bucket; the long held-out documents give it out to ``--long-factor`` x seq_len
 (longctx.eval.long_documents); the passkey probe gives accuracy by context length (up to the same
 length) and needle depth. Results go to ``--out`` (default ``<run>/eval``) as CSV and JSON.
+
+``--suite ruler`` scores the effective-length suite instead (longctx.eval.ruler: tasks, lengths,
+depths, 95% CIs, effective length), on a checkpoint or, with ``--hf DIR``, on any local
+transformers causal LM folder with plain transformers; results go to ``--out`` as CSV and JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from longctx.eval.probes import (
     make_probes,
     score_probes,
 )
+from longctx.eval.ruler.callback import default_lengths as default_ruler_lengths
+from longctx.eval.ruler.instances import RulerInputError
+from longctx.eval.ruler.suite import SuiteSettings, run_suite
 from longctx.runs.folder import run_folder_of
 from longctx.runs.record import read_stored_run
 
@@ -82,11 +89,16 @@ def position_loss(model, datamodule, device: str) -> PositionLoss:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m longctx.eval", description=__doc__.split("\n")[0])
-    p.add_argument("checkpoint", type=Path, help="a .ckpt inside a train.py run folder")
+    p.add_argument("checkpoint", type=Path, nargs="?", help="a .ckpt inside a train.py run folder")
     p.add_argument(
         "--seq-len", type=int, default=None, help="validation row length (default: run's)"
     )
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: <run>/eval)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: <run>/eval; --suite ruler: <run>/eval/ruler)",
+    )
     p.add_argument("--backend", default=None, help="attention backend (default: the run's)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache-dir", default=None, help="prepared-corpus cache (data.cache_dir)")
@@ -108,19 +120,70 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--probe-batch-size", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-probe", action="store_true", help="skip the passkey probe")
-    return p.parse_args(argv)
+    r = p.add_argument_group("the effective-length suite (--suite ruler)")
+    r.add_argument(
+        "--suite",
+        choices=("default", "ruler"),
+        default="default",
+        help="default: per-position loss, long documents, passkey; ruler: the suite",
+    )
+    r.add_argument(
+        "--hf",
+        type=Path,
+        default=None,
+        help="score a local transformers causal LM folder instead of CHECKPOINT",
+    )
+    r.add_argument("--tasks", default=None, help="comma-separated (default: every task)")
+    r.add_argument(
+        "--lengths",
+        type=int,
+        nargs="*",
+        default=None,
+        help="context lengths (default: seq_len/4, /2, 1x ... --long-factor x; "
+        "with --hf 1024 2048 4096 within its positions)",
+    )
+    r.add_argument("--depths", type=float, nargs="*", default=list(DEFAULT_DEPTHS))
+    r.add_argument("--samples", type=int, default=4, help="instances per task, length, depth")
+    r.add_argument(
+        "--haystack",
+        default="books",
+        help="books (the embedded held-out books), noise, or a prepared folder",
+    )
+    r.add_argument(
+        "--write-instances",
+        action="store_true",
+        help="also write every instance's text and answer (ruler_instances.jsonl)",
+    )
+    args = p.parse_args(argv)
+    if args.hf is None and args.checkpoint is None:
+        p.error("give a CHECKPOINT or --hf DIR")
+    if args.hf is not None and args.checkpoint is not None:
+        p.error(f"give a CHECKPOINT ({args.checkpoint}) or --hf DIR ({args.hf}), not both")
+    return args  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict:
     from longctx.data import LongCtxDataModule, load_tokenizer
 
+    if args.hf is not None:
+        return run_hf(args)
     stored = read_stored_run(args.checkpoint)  # names the file when missing or unreadable
     state = stored.contents
     model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
     out = args.out or _default_out(args.checkpoint.resolve())
-    check_lengths(args, model_config.max_seq_len, data_config.seq_len)
+    if args.suite == "ruler":
+        check_factor(args.long_factor)
+        lengths = args.lengths or default_ruler_lengths(data_config.seq_len, args.long_factor)
+        settings = suite_settings(args, lengths)
+        settings.check(model_config.max_seq_len, "--lengths")
+    else:
+        check_lengths(args, model_config.max_seq_len, data_config.seq_len)
     model = load_model(state, args.checkpoint, model_config, args.device)
     datamodule = LongCtxDataModule(data_config)
+    if args.suite == "ruler":  # beside the in-loop callback's eval/ruler_*, not over them
+        tokenizer = load_tokenizer(datamodule.manifest.tokenizer)
+        out = args.out or out / "ruler"
+        return run_suite(model, tokenizer, settings, out, args.device, data_config.cache_dir)
     acc = position_loss(model, datamodule, args.device)
     summary = {
         "checkpoint": str(args.checkpoint),
@@ -169,6 +232,35 @@ def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> N
     lengths += [(n, "--probe-lengths") for n in args.probe_lengths or [] if not args.no_probe]
     for length, what in lengths:
         check_eval_length(length, max_seq_len, what)
+
+
+def suite_settings(args: argparse.Namespace, lengths: Sequence[int]) -> SuiteSettings:
+    return SuiteSettings(
+        args.tasks, list(lengths), args.depths, args.samples, args.seed, args.haystack,
+        args.probe_batch_size, args.write_instances,
+    )  # fmt: skip
+
+
+HF_DEFAULT_LENGTHS = (1024, 2048, 4096)
+
+
+def run_hf(args: argparse.Namespace) -> dict:
+    """The suite on a local transformers folder, its own tokenizer, plain transformers."""
+    from longctx.eval.ruler.hf import load_hf_folder
+
+    if args.suite != "ruler":
+        raise RulerInputError(
+            f"--hf scores the effective-length suite only (--suite {args.suite}); pass "
+            "--suite ruler"
+        )
+    settings = suite_settings(args, args.lengths or HF_DEFAULT_LENGTHS)
+    settings.check(None, "--lengths")
+    model, tokenizer, max_positions = load_hf_folder(args.hf, args.device)
+    if args.lengths is None and max_positions is not None:
+        settings.lengths = [n for n in HF_DEFAULT_LENGTHS if n <= max_positions]
+    settings.check(max_positions, "--lengths, the --hf model's max_position_embeddings")
+    out = args.out or Path("outputs") / "eval" / args.hf.resolve().name
+    return run_suite(model, tokenizer, settings, out, args.device, args.cache_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

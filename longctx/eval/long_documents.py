@@ -63,17 +63,29 @@ def load_long_documents(data_config) -> list[np.ndarray]:
 
     folder = data_config.long_documents
     if folder is None:
-        if data_config.shards is not None:
+        if not held_out_books_unseen(data_config):
             raise ValueError(
                 f"data.long_documents is not set and data.shards={data_config.shards} is not "
-                "the embedded corpus (whose held-out books are the default); expected a "
-                "prepared folder of long documents that no training row contains"
+                "the embedded corpus (whose held-out books are the default) or a mix of it with "
+                "synthesized folders; expected a prepared folder of long documents that no "
+                "training row contains"
             )
         folder = long_documents_dir(data_config.cache_dir)
     docs = ShardSet(Path(folder), "train")
     if docs.num_documents == 0:
         raise ValueError(f"data.long_documents={str(folder)!r} holds no documents")
     return [docs.document(i) for i in range(docs.num_documents)]
+
+
+def held_out_books_unseen(data_config) -> bool:
+    """No training row holds the embedded corpus's held-out books: the sources are the embedded
+    corpus and folders synthesized from its training chapters (or noise) only."""
+    from longctx.data.corpus import EMBEDDED
+    from longctx.data.synthesize import holds_only_training_haystacks
+
+    return data_config.shards is None or all(
+        f == EMBEDDED or holds_only_training_haystacks(f) for f in data_config.shards
+    )
 
 
 @torch.no_grad()

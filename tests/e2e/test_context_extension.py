@@ -50,7 +50,10 @@ def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
         "PYTHON": sys.executable,
         "PYTHONPATH": str(ROOT),
         "LONGCTX_CACHE": str(CACHE_DIR),
+        "SEEDS": "0",
         "SEQ1": "32",
+        "MIX_DOCUMENTS": "40",
+        "RULER_SAMPLES": "1",
         "STEPS1": "2",
         "STEPS2": "1",
         "PROBE_SAMPLES": "1",
@@ -62,8 +65,8 @@ def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
         env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    (sweep,) = (runs / "multirun" / "train").iterdir()
-    report = json.loads((tmp_path / "figure.json").read_text())
+    (sweep,) = (runs / "seed0" / "multirun" / "train").iterdir()
+    report = json.loads((tmp_path / "figure_s0.json").read_text())
     assert sorted(r["arm"] for r in report["arms"]) == sorted(ARMS)
     for row in report["arms"]:
         assert row["seq_len"] == 256
@@ -71,7 +74,12 @@ def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
         assert {k for k in row if k.startswith("passkey_")} == {
             "passkey_256", "passkey_512", "passkey_1024"
         }  # fmt: skip
-    assert (tmp_path / "figure.png").stat().st_size > 0
+    assert (tmp_path / "figure_s0.png").stat().st_size > 0
+    # the effective-length suite per arm, paired with unchanged RoPE
+    suite = json.loads((tmp_path / "figure_ruler.json").read_text())
+    assert suite["control"] == "unchanged" and suite["instance_seed"] == 0
+    assert sorted(a["arm"] for a in suite["arms"]) == sorted(ARMS)
+    assert suite["lengths"] == [192, 256, 512, 1024] and suite["train_seeds"] == [0]
     assert "| arm |" in proc.stdout
     # each arm against unchanged RoPE, per octave, paired over the same held-out books
     differences = {(d["arm"], d["multiple"]): d for d in report["differences"]}
@@ -83,7 +91,7 @@ def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
     for folder in sweep.glob("*rope_arm=*"):
         stored = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
         model = stored["longctx_run"]["config"]["model"]
-        assert model["init_from"] == str(runs / "outputs" / "train" / "stage1")
+        assert model["init_from"] == str(runs / "seed0" / "outputs" / "train" / "stage1")
         arm = folder.name.split("rope_arm=")[1].split(",")[0]
         assert model["rope_theta"] == ARMS[arm][0]
 

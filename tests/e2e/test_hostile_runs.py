@@ -38,7 +38,7 @@ def test_a_first_run_is_quiet_logs_optimizer_steps_and_ends_with_its_folder(tmp_
     (bin_dir / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     args = [
-        *FAST, "logger=wandb", "+logger.csv={}", "trainer.enable_progress_bar=true",
+        *FAST, "logger=wandb", "trainer.enable_progress_bar=true",
         "data.seq_len=128", "optim.accumulate_grad_batches=2", "trainer.max_steps=4",
         "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
         "callbacks.checkpoint.every_n_train_steps=2", "run_name=first",
@@ -57,7 +57,8 @@ def test_a_first_run_is_quiet_logs_optimizer_steps_and_ends_with_its_folder(tmp_
     rows = read_metrics(run_dir)
     assert steps_of(rows, "train/loss") == [1, 2, 3, 4]
     assert steps_of(rows, "val/loss") == [2, 4]
-    assert list(run_dir.glob("wandb/offline-run-*"))  # W&B gets the same rows: see the unit test
+    # W&B gets the same rows: Lightning hands every logger the same metrics at the same step
+    assert any(run_dir.glob("wandb/offline-run-*/*.wandb"))
 
 
 def test_a_nan_step_is_skipped_then_a_second_stops_the_run_keeping_the_checkpoint(tmp_path):

@@ -1,0 +1,244 @@
+"""Long-range training documents, seeded, written as a prepared folder (shards + manifest).
+
+    python -m longctx.data.synthesize --tasks copy,kv_recall --out DIR --seed S \\
+        [--documents N] [--min-length 64] [--max-length 1024] [--haystack embedded]
+
+Every document is a retrieval the model can only do by reading back: its length is drawn
+log-uniformly in [min, max] tokens, and its needles anywhere in it, so the distances from an
+answer back to its needle reach the row length. Tasks:
+
+- ``kv_recall``: one key-value needle in the suite's niah format ("The magic number for
+  quiet-river is 48213.") per ~256 tokens, and a question for each ("What is the magic number
+  for quiet-river? The magic number for quiet-river is 48213.") somewhere after it: a dense
+  signal, the eval's question format;
+- ``copy``: one random-letter span per ~128 tokens ("Copy this: qwertyuiopas."), each repeated
+  once somewhere after it, in the eval's copy format;
+- ``repeat``: random letters, a newline, the same letters again (no haystack, no template): half
+  the document predictable by induction alone, the densest signal there is;
+- any task of the effective-length suite (longctx.eval.ruler: niah_single, passkey,
+  variable_tracking, ...): one instance per document, answer included.
+
+The documents of the tasks alternate (document i is task i mod T). The folder is a normal
+prepared folder (its train split), so ``data.shards=[embedded, DIR]`` with ``data.weights``
+mixes it with the embedded corpus. The weights choose sources per *document*: an embedded
+chapter is ~3,600 tokens, so a token share needs the ratio of mean lengths (printed at the end).
+
+Disjoint from what the suite evaluates: the haystack is the embedded corpus's *training*
+chapters (the suite's default haystack is the held-out books, which no training row holds), and
+every random choice comes from a stream named ``synthesize/<seed>/...`` (the suite's are named
+``ruler/<task>/<seed>/...``), so no seed makes a training document equal to an evaluated one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, load_manifest, write_manifest
+from longctx.data.tokenizer import load_tokenizer
+from longctx.eval.ruler.generate import build_tokens, fill
+from longctx.eval.ruler.instances import Layout, RulerInputError, encode, resolve_haystack
+from longctx.eval.ruler.tasks import DIGITS, SPAN, TASKS, _cat, _keys, _needle, _number
+
+KIND = "synthesize"
+VERSION = 1
+# the dense tasks: a needle (and its question or repeat) per this many tokens of the document
+KV_EVERY, COPY_EVERY = 256, 128
+SHARD_TOKENS = 1 << 24
+
+
+# ------------------------------------------------------------------------ dense tasks
+def kv_recall(rng: random.Random, enc, length: int) -> Layout:
+    count = max(1, length // KV_EVERY)
+    keys = _keys(rng, count)
+    inserts = []
+    for key in keys:
+        value, at = _number(rng, DIGITS), rng.random()
+        prefix = f" The magic number for {key} is"
+        question = _cat(enc(f" What is the magic number for {key}?"), enc(prefix))
+        inserts.append((at, _needle(enc, prefix, value)))
+        inserts.append((rng.uniform(at, 1.0), _cat(question, enc(f" {value}"), enc(". "))))
+    return Layout(inserts, np.zeros(0, np.int64), np.zeros(0, np.int64), "")
+
+
+def copy_dense(rng: random.Random, enc, length: int) -> Layout:
+    inserts = []
+    for _ in range(max(1, length // COPY_EVERY)):
+        span = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(SPAN))
+        piece = _cat(enc(" Copy this:"), enc(f" {span}"), enc(". "))
+        at = rng.random()
+        inserts += [(at, piece), (rng.uniform(at, 1.0), piece)]
+    return Layout(inserts, np.zeros(0, np.int64), np.zeros(0, np.int64), "")
+
+
+def repeat(rng: random.Random, enc, length: int) -> Layout:
+    """Random letters, then the same letters again: half the document is predictable by
+    induction alone (the densest signal; no haystack, no template)."""
+    span = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(max(4, length // 2 - 1)))
+    piece = _cat(enc(f"{span}\n"), enc(f"{span}\n"))
+    return Layout([(0.0, piece)], np.zeros(0, np.int64), np.zeros(0, np.int64), "")
+
+
+DENSE = {"kv_recall": kv_recall, "copy": copy_dense, "repeat": repeat}
+
+
+def check_tasks(names: Sequence[str] | str) -> list[str]:
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    known = [*DENSE, *(t for t in TASKS if t not in DENSE)]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise RulerInputError(
+            f"unknown task ({', '.join(map(repr, unknown)) or 'none given'}); expected some of "
+            f"{', '.join(known)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+# -------------------------------------------------------------------------- documents
+def document(name: str, index: int, seed: int, tokenizer, lengths, haystack) -> np.ndarray:
+    """Training document ``index`` of task ``name`` (ending in EOS)."""
+    rng = random.Random(f"{KIND}/{seed}/{name}/{index}")
+    low, high = lengths
+    length = round(math.exp(rng.uniform(math.log(low), math.log(high))))
+    enc = lambda text: encode(tokenizer, text)  # noqa: E731
+    if name in DENSE:
+        layout = DENSE[name](rng, enc, length)
+        length = max(length, layout.fixed_tokens)  # a short draw still holds one needle
+        tokens, _, _ = fill(layout, name, tokenizer, length - 1, rng, haystack)
+    else:
+        tokens = _instance_tokens(TASKS[name], tokenizer, length, high, rng, haystack)
+    return np.append(tokens, tokenizer.eos_id).astype(np.int64)
+
+
+def _instance_tokens(spec, tokenizer, length: int, longest: int, rng, haystack) -> np.ndarray:
+    """A suite instance at ``length`` or, when that is too short for it, the next doubling."""
+    depth = rng.random()
+    while True:
+        try:
+            tokens, _, _ = build_tokens(spec, tokenizer, length - 1, depth, rng, haystack, DIGITS)
+            return tokens
+        except RulerInputError:
+            if length >= longest:
+                raise RulerInputError(
+                    f"{spec.name} does not fit --max-length {longest}; raise it"
+                ) from None
+            length = min(2 * length, longest)
+
+
+def synthesize(
+    tasks: Sequence[str] | str,
+    out: str | Path,
+    seed: int = 0,
+    documents: int = 2000,
+    min_length: int = 64,
+    max_length: int = 1024,
+    haystack: str = "embedded",
+    tokenizer="byte",
+    cache_dir: str | None = None,
+) -> Manifest:
+    """Write ``documents`` per task into ``out`` (new or empty); see the module docstring."""
+    names = check_tasks(tasks)
+    out = Path(out)
+    _check_options(out, seed, documents, min_length, max_length)
+    tok = load_tokenizer(tokenizer)
+    source = resolve_haystack(haystack, cache_dir)
+    options = {
+        "kind": KIND, "version": VERSION, "tasks": names, "seed": seed, "documents": documents,
+        "min_length": min_length, "max_length": max_length,
+        "haystack": getattr(source, "name", str(haystack)), "tokenizer": tok.spec,
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32).name
+    writer = SplitWriter(out, "train-00000", dtype, SHARD_TOKENS)
+    for i in range(documents * len(names)):
+        name = names[i % len(names)]
+        writer.add(document(name, i // len(names), seed, tok, (min_length, max_length), source))
+    manifest = Manifest(
+        input_hash=hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest(),
+        tokenizer=tok.spec,
+        vocab_size=int(tok.vocab_size),
+        eos_id=int(tok.eos_id),
+        pad_id=int(tok.pad_id),
+        dtype=dtype,
+        val_fraction=0.0,
+        sources=[options],
+        splits={"train": writer.close(), "val": SplitWriter(out, "val", dtype, 1).close()},
+        format_version=FORMAT_VERSION,
+    )
+    write_manifest(out, manifest)
+    return manifest
+
+
+def _check_options(out: Path, seed, documents, min_length, max_length) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RulerInputError(
+            f"--out is not a new or empty folder ({out}); choose another, synthesize never "
+            "writes among other files"
+        )
+    for name, value, least in (("seed", seed, 0), ("documents", documents, 1),
+                               ("min_length", min_length, 2)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise RulerInputError(f"{name}={value!r}; expected an int >= {least}")
+    if not isinstance(max_length, int) or max_length < min_length:
+        raise RulerInputError(
+            f"max_length={max_length!r}; expected an int >= min_length={min_length}"
+        )
+
+
+def holds_only_training_haystacks(folder: str | Path) -> bool:
+    """True for a folder this module wrote from the embedded training chapters or noise: its
+    documents share no text with the embedded corpus's held-out books."""
+    try:
+        sources = load_manifest(folder).sources
+    except (FileNotFoundError, ValueError):  # not a prepared folder: the reader will say so
+        return False
+    return bool(sources) and all(
+        s.get("kind") == KIND and s.get("haystack") in ("embedded", "noise") for s in sources
+    )
+
+
+# --------------------------------------------------------------------------------- CLI
+def main(argv: Sequence[str] | None = None) -> Manifest:
+    p = argparse.ArgumentParser(
+        prog="python -m longctx.data.synthesize",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--tasks", required=True, help="comma-separated: kv_recall,copy,niah_single...")
+    p.add_argument("--out", required=True, type=Path, help="a new or empty folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--documents", type=int, default=2000, help="documents per task")
+    p.add_argument("--min-length", type=int, default=64, help="tokens of the shortest document")
+    p.add_argument("--max-length", type=int, default=1024, help="tokens of the longest (the row)")
+    p.add_argument("--haystack", default="embedded",
+                   help="embedded (its training chapters), noise, or a prepared folder")  # fmt: skip
+    p.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder")
+    p.add_argument("--cache-dir", default=None, help="where the embedded corpus is prepared")
+    args = p.parse_args(argv)
+    try:
+        manifest = synthesize(
+            args.tasks, args.out, args.seed, args.documents, args.min_length, args.max_length,
+            args.haystack, args.tokenizer, args.cache_dir,
+        )  # fmt: skip
+    except (RulerInputError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    train = manifest.splits["train"]
+    print(
+        f"{args.out}: {train.documents} documents, {train.tokens} tokens ({manifest.dtype}), "
+        f"{train.tokens / train.documents:.0f} per document (data.weights are per document)"
+    )
+    return manifest
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The position ablation with the long-range mix (issue #34): the 2x2 grid reset_position_ids x
+# document_mask (experiment=position_ablation), two training seeds, at L=4096; every run is then
+# scored on the effective-length suite at 1/4, 1/2, 1 and 2 x L (the same instances for all), and
+# both reports are written: held-out loss with paired bootstrap CIs (python -m longctx.experiments.analysis)
+# and the suite per arm with paired differences, effective lengths and heat maps
+# (python -m longctx.experiments.ruler_report --arm-by position; the masked pair is the control).
+#
+#   scripts/position_ablation.sh [RUNS_ROOT] [extra overrides ...]
+#
+# From the environment: SEQ (4096), STEPS (300), MIX_SEED (1000), INSTANCE_SEED (0), SAMPLES (4
+# per task, length and depth), OUT (docs/position_ablation_mix: .png/.json for the loss, _ruler.*).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-.venv/bin/python}"
+ROOT="${1:-outputs/position_ablation}"
+shift || true
+SEQ="${SEQ:-4096}" STEPS="${STEPS:-300}" MIX_SEED="${MIX_SEED:-1000}"
+INSTANCE_SEED="${INSTANCE_SEED:-0}" SAMPLES="${SAMPLES:-4}" OUT="${OUT:-docs/position_ablation_mix}"
+TASKS="passkey,niah_single,niah_multikey,copy"
+CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
+MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}"
+export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
+if [ -e "$ROOT/multirun" ]; then
+  echo "position_ablation: $ROOT/multirun exists (an earlier run); pass another RUNS_ROOT" >&2
+  exit 2
+fi
+start=$SECONDS
+if [ ! -e "$MIX/manifest.json" ]; then
+  "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
+    --documents 4000 --min-length 64 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
+fi
+"$PY" train.py -m experiment=position_ablation "paths.root_dir=$ROOT" logger=csv \
+  "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "data.seq_len=$SEQ" data.micro_batch_size=1 \
+  "trainer.max_steps=$STEPS" "trainer.val_check_interval=$(( STEPS < 100 ? STEPS : 100 ))" "$@"
+sweep="$(ls -d "$ROOT"/multirun/train/* | sort | tail -1)"
+for run in "$sweep"/*/; do
+  "$PY" -m longctx.eval "$run/checkpoints/last.ckpt" --suite ruler --tasks "$TASKS" \
+    --lengths $(( SEQ / 4 )) $(( SEQ / 2 )) "$SEQ" $(( 2 * SEQ )) --depths 0 0.25 0.5 0.75 1 \
+    --samples "$SAMPLES" --seed "$INSTANCE_SEED" --cache-dir "$CACHE"
+done
+seconds=$(( SECONDS - start ))
+note="tiny, L=$SEQ, $STEPS steps x 1 row per arm and seed, the embedded corpus + the long-range mix (seed $MIX_SEED) 1:1, train seeds 0 and 1, instance seed $INSTANCE_SEED; ${seconds} s wall"
+"$PY" -m longctx.analysis "$sweep" --out "$OUT.png" --title "$note"
+"$PY" -m longctx.experiments.ruler_report "$sweep" --arm-by position --json "${OUT}_ruler.json" \
+  --extra "{\"mix_seed\": $MIX_SEED, \"mix\": \"$(basename "$MIX")\", \"train_seeds\": [0, 1], \"wall_s\": $seconds}" \
+  --note "$note"
+echo "position_ablation: ${seconds} s in all; results in $sweep"

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The positive control of the effective-length suite (issue #34): tiny_long trained with the
+# long-range mix (experiment=ruler_control) and, on the same budget, without it
+# (experiment=ruler_control_nomix); both scored on the same suite instances (one instance seed)
+# at 1/4, 1/2, 1 and 2 x the training length; the summary JSON (which arm is the control, the
+# seeds, the instances' seed, the effective length per arm) and the length x depth heat maps are
+# written by python -m longctx.experiments.ruler_report.
+#
+#   scripts/ruler_control.sh [RUNS_ROOT] [extra overrides for both arms ...]
+#
+# From the environment: SEQ (training length, default 256), SEED (training seed, 0), MIX_SEED
+# (the synthesized mix's seed, 1000), INSTANCE_SEED (the suite's, 0), SAMPLES (per task, length
+# and depth, 10), LENGTHS (default SEQ/2 (>= 192), SEQ, 2 SEQ), OUT (default
+# docs/ruler_control.json; the figure goes beside it as .png).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-.venv/bin/python}"
+ROOT="${1:-outputs/ruler_control}"
+shift || true
+SEQ="${SEQ:-256}" SEED="${SEED:-0}" MIX_SEED="${MIX_SEED:-1000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
+SAMPLES="${SAMPLES:-10}" OUT="${OUT:-docs/ruler_control.json}"
+TASKS="passkey,niah_single,niah_multikey,copy"
+# half the training length (at least the needle tasks' minimum), the training length, twice it
+LENGTHS="${LENGTHS:-$(( SEQ / 2 < 192 ? 192 : SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
+CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
+MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}"
+export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
+if [ -e "$ROOT/outputs/train" ]; then
+  echo "ruler_control: $ROOT/outputs/train exists (an earlier run); pass another RUNS_ROOT" >&2
+  exit 2
+fi
+start=$SECONDS
+if [ ! -e "$MIX/manifest.json" ]; then
+  "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
+    --documents 20000 --min-length 32 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
+fi
+declare -A wall
+for arm in ruler_control ruler_control_nomix; do
+  t=$SECONDS
+  "$PY" train.py "experiment=$arm" "run_name=$arm" "paths.root_dir=$ROOT" logger=csv \
+    "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "seed=$SEED" "data.seq_len=$SEQ" "$@"
+  "$PY" -m longctx.eval "$ROOT/outputs/train/$arm/checkpoints/last.ckpt" --suite ruler \
+    --tasks "$TASKS" --lengths $LENGTHS --depths 0 0.25 0.5 0.75 1 --samples "$SAMPLES" \
+    --seed "$INSTANCE_SEED" --cache-dir "$CACHE"
+  wall[$arm]=$(( SECONDS - t ))
+done
+seconds=$(( SECONDS - start ))
+extra=$(printf '{"control_arm": "ruler_control", "negative_arm": "ruler_control_nomix", "train_seed": %s, "mix_seed": %s, "mix": "%s", "training_length": %s, "wall_s": %s, "arm_wall_s": {"ruler_control": %s, "ruler_control_nomix": %s}}' \
+  "$SEED" "$MIX_SEED" "$(basename "$MIX")" "$SEQ" "$seconds" "${wall[ruler_control]}" "${wall[ruler_control_nomix]}")
+"$PY" -m longctx.experiments.ruler_report "$ROOT/outputs/train" --arm-by group --control ruler_control \
+  --json "$OUT" --extra "$extra" \
+  --note "positive control: tiny_long at $SEQ tokens with the long-range mix (ruler_control) and without it (ruler_control_nomix), train seed $SEED, mix seed $MIX_SEED, instance seed $INSTANCE_SEED; ${seconds} s wall"
+echo "ruler_control: ${seconds} s in all; results in $ROOT"

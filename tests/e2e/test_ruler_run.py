@@ -1,0 +1,101 @@
+"""The effective-length suite in a trained run: the in-loop callback (CSV and its offline W&B
+table), the eval CLI on a checkpoint, and a transformers export scored as its run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from helpers import CACHE_DIR, FAST, assert_close_scaled, run_train
+
+from longctx.data import ByteTokenizer
+from longctx.eval import cli
+from longctx.eval.ruler import answer_logits, instance_batch, make_instances
+from longctx.runs.record import read_stored_run
+
+TOK = ByteTokenizer()
+
+
+# -------------------------------------------------------- a trained run: callback, CLI, HF
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """Two steps of tiny_long with the suite in the loop, logged to CSV and offline W&B."""
+    tmp = tmp_path_factory.mktemp("rulerrun")
+    run_train([*FAST, "run_name=r", "model=tiny_long", "logger=[csv,wandb]", "callbacks=ruler",
+               "data.seq_len=128", "trainer.max_steps=2", "trainer.val_check_interval=1",
+               "callbacks.ruler.tasks=[passkey,copy]", "callbacks.ruler.lengths=[96,128]",
+               "callbacks.ruler.depths=[0.0,1.0]", "callbacks.ruler.samples=2"], tmp)  # fmt: skip
+    return tmp / "outputs" / "train" / "r"
+
+
+@pytest.mark.slow
+def test_the_callback_logs_the_suite_and_its_wandb_table(trained_run):
+    from longctx.experiments.analysis import wandb_file_history, wandb_file_tables
+
+    report = json.loads((trained_run / "eval" / "ruler_step2.json").read_text())
+    assert report["instance_seed"] == 0 and len(report["cells"]) == 2 * 2 * 2
+    logged = pd.read_csv(trained_run / "csv" / "metrics.csv")
+    for row in report["lengths"]:
+        column = logged[f"val/ruler/{row['task']}/{row['length']}"].dropna()
+        assert len(column) == 2 and column.iloc[-1] == pytest.approx(row["accuracy"])
+    assert logged["val/effective_length"].dropna().iloc[-1] == (report["effective_length"] or 0)
+    results = pd.read_csv(trained_run / "eval" / "ruler_results.csv")
+    assert sorted(results["step"].unique()) == [1, 2] and len(results) == 2 * 16
+
+    (run_file,) = trained_run.glob("wandb/offline-run-*/run-*.wandb")
+    tables = wandb_file_tables(run_file, "val/ruler_table")
+    assert [step for step, _ in tables] == [1, 2]
+    table = tables[-1][1]
+    expected = pd.DataFrame(report["cells"])
+    assert table[["task", "length", "depth", "n"]].values.tolist() == (
+        expected[["task", "length", "depth", "n"]].values.tolist()
+    )
+    assert np.allclose(table["accuracy"], expected["accuracy"])
+    last = {k: v for _, k, v in sorted(wandb_file_history(run_file))}  # the last validation's
+    assert last["val/ruler/copy/128"] == pytest.approx(
+        next(r["accuracy"] for r in report["lengths"] if r["task"] == "copy" and r["length"] == 128)
+    )
+
+
+@pytest.mark.slow
+def test_an_export_scores_as_the_run_it_came_from(trained_run, tmp_path):
+    from longctx.eval.ruler.hf import hf_answer_logits, load_hf_folder
+    from longctx.hf.export import export
+
+    ckpt = trained_run / "checkpoints" / "last.ckpt"
+    hf = export(ckpt, tmp_path / "hf")
+    common = ["--suite", "ruler", "--tasks", "passkey,niah_single,copy", "--lengths", "200",
+              "--depths", "0", "1", "--samples", "3", "--cache-dir", str(CACHE_DIR)]  # fmt: skip
+    ours = cli.main([str(ckpt), "--out", str(tmp_path / "ours"), *common])
+    theirs = cli.main(["--hf", str(hf), "--out", str(tmp_path / "theirs"), *common])
+    assert ours["instances_sha256"] == theirs["instances_sha256"]  # the same token ids
+    a = pd.read_csv(tmp_path / "ours" / "ruler_results.csv")
+    b = pd.read_csv(tmp_path / "theirs" / "ruler_results.csv")
+    pd.testing.assert_frame_equal(a, b)
+    assert a["token_accuracy"].between(0, 1).all()
+
+    stored = read_stored_run(ckpt)
+    model_config, _ = cli.load_configs(stored, None, None, None)
+    model = cli.load_model(stored.contents, ckpt, model_config, "cpu")
+    scorer, _, _ = load_hf_folder(hf)
+    batch = instance_batch(make_instances(TOK, ["copy"], [200], [0.5], 2, haystack="noise"))
+    with torch.no_grad():
+        expected = answer_logits(model, batch)
+        assert_close_scaled(answer_logits(scorer, batch), expected)
+        assert_close_scaled(hf_answer_logits(scorer, batch), expected)  # plain transformers
+
+
+@pytest.mark.slow
+def test_the_command_line_refuses_lengths_past_rope_and_unknown_tasks(trained_run, capsys):
+    ckpt = str(trained_run / "checkpoints" / "last.ckpt")
+    with pytest.raises(SystemExit):
+        cli.cli([ckpt, "--suite", "ruler", "--lengths", "200000"])
+    assert "error: evaluation length 200000 (--lengths) exceeds model.max_seq_len" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        cli.cli([ckpt, "--suite", "ruler", "--tasks", "passkey,bogus"])
+    assert "error: unknown task ('bogus')" in capsys.readouterr().err
