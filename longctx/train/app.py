@@ -26,6 +26,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from longctx import planner
 from longctx.distributed.context_parallel import check_context_parallel
+from longctx.distributed.cp_balance import DEFAULT_BALANCE, rank_unit
 from longctx.distributed.slurm import (
     PREEMPTED_MARKER,
     check_allocation,
@@ -157,9 +158,11 @@ def check_backend(
     device: torch.device,
     context_chunks: int = 1,
     setting: str = "data.seq_len",
+    context_balance: str | None = None,
 ) -> None:
     """Ask the owners: the model spec (its length limit, an HF model's window) and the attention
-    backend (device, lengths, training), for rows of ``seq_len`` cut into ``context_chunks``.
+    backend (device, lengths, training), for rows of ``seq_len`` cut into ``context_chunks``
+    by the context-parallel balancer ``context_balance`` (None: no context parallelism).
     ``setting``: where ``seq_len`` comes from (data.seq_len or a stage's), for the errors."""
     try:
         model_config.check_seq_len(seq_len)
@@ -169,6 +172,8 @@ def check_backend(
     try:
         backend = get_backend(resolve_backend(name, device))
         backend.check(device, seq_len, chunks=context_chunks, training=True)
+        if context_balance is not None:
+            backend.check_context_parallel(context_balance)
     except (ValueError, RuntimeError) as err:
         raise ConfigError(f"model.attn_backend={name}, {setting}={seq_len}: {err}") from err
 
@@ -180,13 +185,18 @@ def preflight_context_parallel(
     size: int,
     rounds: int,
     setting: str = "data.seq_len",
+    balance: str = DEFAULT_BALANCE,
 ) -> None:
-    """trainer.context_parallel (ranks that split each row) and trainer.context_parallel_rounds
-    (head-tail rounds per row) can work with this world, sequence length (from ``setting``) and
-    model."""
+    """trainer.context_parallel (ranks that split each row), trainer.context_parallel_balance
+    (how) and trainer.context_parallel_rounds (head-tail rounds per row, balance=rounds) can
+    work with this world, sequence length (from ``setting``) and model."""
     try:
         check_context_parallel(
-            size, rounds, seq_len=seq_len if size > 1 else None, world=world_size(trainer_cfg)
+            size,
+            rounds,
+            seq_len=seq_len if size > 1 else None,
+            world=world_size(trainer_cfg),
+            balance=balance,
         )
     except ValueError as err:
         raise ConfigError(
@@ -201,12 +211,16 @@ def preflight_context_parallel(
         )
 
 
-def pop_context_parallel(cfg: DictConfig) -> tuple[int, int]:
+def pop_context_parallel(cfg: DictConfig) -> tuple[int, int, str]:
     """Take longctx's own keys out of cfg.trainer (lightning.Trainer refuses them):
-    (context_parallel, context_parallel_rounds)."""
+    (context_parallel, context_parallel_rounds, context_parallel_balance)."""
     with open_dict(cfg.trainer):
         cfg.trainer.pop("device_memory_gb", None)  # the capacity planner's key
-        return cfg.trainer.pop("context_parallel", 1), cfg.trainer.pop("context_parallel_rounds", 1)
+        return (
+            cfg.trainer.pop("context_parallel", 1),
+            cfg.trainer.pop("context_parallel_rounds", 1),
+            cfg.trainer.pop("context_parallel_balance", DEFAULT_BALANCE),
+        )
 
 
 def check_init_from(model_config) -> None:
@@ -263,7 +277,12 @@ def instantiate_config(group: str, node: DictConfig):
 
 
 def preflight(
-    cfg: DictConfig, model_config, data_config, context_parallel: int, rounds: int
+    cfg: DictConfig,
+    model_config,
+    data_config,
+    context_parallel: int,
+    rounds: int,
+    balance: str = DEFAULT_BALANCE,
 ) -> torch.device:
     device = training_device(cfg.trainer)
     if not cfg.dry_run:  # a dry run plans for the target machine, maybe not this one
@@ -272,12 +291,13 @@ def preflight(
     stages = [
         (f"data.stages[{i}].seq_len", s.seq_len) for i, s in enumerate(data_config.stages or [])
     ]
-    chunks = 2 * context_parallel * rounds if context_parallel > 1 else 1
+    split = context_parallel > 1
+    chunks = rank_unit(context_parallel, balance, rounds) if split else 1
     for setting, seq_len in [*stages, ("data.seq_len", data_config.seq_len)]:
         preflight_context_parallel(
-            cfg.trainer, model_config, seq_len, context_parallel, rounds, setting
+            cfg.trainer, model_config, seq_len, context_parallel, rounds, setting, balance
         )
-        check_backend(model_config, seq_len, device, chunks, setting)
+        check_backend(model_config, seq_len, device, chunks, setting, balance if split else None)
     check_init_from(model_config)
     if not cfg.dry_run:
         check_memory(model_config, cfg.trainer, device)
@@ -330,6 +350,7 @@ def planner_layout(cfg: DictConfig, model_config: LlamaConfig, device: torch.dev
         devices=devices if isinstance(devices, int) else 1,
         context_parallel=cfg.trainer.get("context_parallel", 1),
         context_parallel_rounds=cfg.trainer.get("context_parallel_rounds", 1),
+        context_parallel_balance=cfg.trainer.get("context_parallel_balance", DEFAULT_BALANCE),
         fsdp=fsdp,
         precision=planner_precision(cfg.trainer, fsdp, device),
         activation_checkpointing=model_config.activation_checkpointing,
@@ -419,8 +440,10 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     model_config: LlamaConfig = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
     composed = copy.deepcopy(cfg)  # the planner reads longctx's own trainer keys, popped here
-    context_parallel, context_parallel_rounds = pop_context_parallel(cfg)
-    device = preflight(cfg, model_config, data_config, context_parallel, context_parallel_rounds)
+    context_parallel, context_parallel_rounds, balance = pop_context_parallel(cfg)
+    device = preflight(
+        cfg, model_config, data_config, context_parallel, context_parallel_rounds, balance
+    )
     if cfg.dry_run:
         return dry_run_report(model_config, composed, device)
     identity = run_identity(model_config, data_config)
@@ -456,6 +479,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
         eos_id=datamodule.eos_id,
         context_parallel=context_parallel,
         context_parallel_rounds=context_parallel_rounds,
+        context_parallel_balance=balance,
         allow_global_batch_change=cfg.optim.allow_global_batch_change,
     )
     resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data")}

@@ -256,6 +256,7 @@ class SdpaBackend(AttentionBackend):
     chunk, at its first token) are recomputed against the gathered keys and spliced in."""
 
     name = SDPA
+    per_rank_key_spans = True
 
     def metadata(self, batch: PackedBatch) -> SdpaMetadata:
         plan = build_sdpa_plan(batch)
