@@ -8,6 +8,7 @@ processes, gather and reduce-scatter included, for every balancer.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -447,6 +448,65 @@ def test_gather_row_of_one_rank_puts_the_tokens_back_in_row_order(balance, round
     assert torch.equal(row, batch.tokens)
 
 
+# --------------------------------------------------------------------------- the planner
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.mark.parametrize("size", [2, 8])
+@pytest.mark.parametrize("balance, rounds", [("head_tail", 1), ("rounds", 16), ("documents", 1)])
+def test_planner_expects_the_imbalance_measured_on_the_benchmark_rows(size, balance, rounds):
+    """The planner's expected max/mean work for lognormal(600, 1) documents (its own sampled
+    rows) is within 10% of the mean over benchmarks/bench_cp.py's 16 rows at 32k."""
+    from longctx import planner
+
+    sys.path.insert(0, str(BENCHMARKS))
+    from bench_step import make_batch as bench_row
+
+    measured = []
+    for seed in range(16):
+        lens = bench_row(32768, seed=seed).seq_lens[0]
+        lens = lens[lens > 0].numpy().astype(np.int64)
+        stats = plan_stats([lens], [row_owner(lens, size, balance, rounds)], size)
+        measured.append(stats.work_imbalance)
+    layout = planner.Layout(
+        seq_len=32768,
+        devices=size,
+        context_parallel=size,
+        context_parallel_balance=balance,
+        context_parallel_rounds=rounds,
+        doc_length_lognormal=(600.0, 1.0),
+    )
+    expected = planner.expected_cp_work_imbalance(layout)
+    assert expected.mean == pytest.approx(np.mean(measured), rel=0.10)
+    assert expected.rows == planner.LENGTH_SAMPLE_ROWS
+
+
+def test_planner_step_time_waits_for_the_slowest_rank():
+    from longctx import planner
+
+    layout = planner.Layout(
+        seq_len=32768, devices=8, context_parallel=8, doc_length_lognormal=(600.0, 1.0)
+    )
+    h100 = planner.known_device("H100")
+    steps = {
+        b: planner.plan(TINY_PLAN, dataclasses.replace(layout, context_parallel_balance=b), h100)
+        for b in ("head_tail", "documents")
+    }
+    head_tail, documents = steps["head_tail"].step, steps["documents"].step
+    assert head_tail.cp_work_imbalance > 1.5 > 1.05 > documents.cp_work_imbalance
+    assert head_tail.flops_per_rank > documents.flops_per_rank
+    assert "context parallel balance=documents: expected attention work imbalance" in (
+        planner.format_plan(steps["documents"])
+    )
+    with pytest.raises(planner.PlanError, match="context_parallel_balance='tail'"):
+        dataclasses.replace(layout, context_parallel_balance="tail")
+    with pytest.raises(planner.PlanError, match="doc_length_lognormal"):
+        dataclasses.replace(layout, doc_length_lognormal=(0.0, 1.0))
+
+
+TINY_PLAN = LlamaConfig.from_name("tiny")
+
+
 # --------------------------------------------------------------------------- models over gloo
 SCRIPT = Path(__file__).with_name("context_parallel_script.py")
 
@@ -571,7 +631,16 @@ def test_context_parallel_under_fsdp2_trains_like_one_process(tmp_path):
     [
         (["trainer.context_parallel=2"], "context_parallel=2 must divide the world size 1"),
         ([*CP2, "trainer.context_parallel=3"], "context_parallel=3 must divide the world size 2"),
-        ([*CP2, "data.seq_len=250"], "L=250 tokens cannot be split over context parallel size 2"),
+        (
+            [*CP2, "data.seq_len=251"],
+            "L=251 tokens cannot be split over context parallel size 2: L must be a multiple of "
+            "size=2",
+        ),
+        (
+            [*CP2, "data.seq_len=250", "trainer.context_parallel_balance=head_tail"],
+            "L=250 tokens cannot be split over context parallel size 2 in 1 round(s): L must be "
+            "a multiple of 2*size*rounds=4",
+        ),
         (["trainer.context_parallel=0"], "trainer.context_parallel=0, "),
         (
             [*CP2, "trainer.context_parallel_balance=rounds", "trainer.context_parallel_rounds=3"],

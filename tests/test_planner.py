@@ -223,7 +223,7 @@ def test_dry_run_prints_the_plan_and_allocates_nothing(tmp_path, capsys):
         (["trainer.accelerator=gpu", "trainer.device_memory_gb=80"], "peak_flops_per_device"),
         (["planner.device=TPU"], "trainer.device_memory_gb and peak_flops_per_device"),
         (["trainer.devices=2", "trainer.context_parallel=4"], "must divide the world size"),
-        (["trainer.devices=2", "trainer.context_parallel=2", "data.seq_len=250"], "multiple"),
+        (["trainer.devices=2", "trainer.context_parallel=2", "data.seq_len=251"], "multiple"),
     ],
 )
 def test_dry_run_bad_input_names_the_key(overrides, names, tmp_path):

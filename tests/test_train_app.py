@@ -75,7 +75,11 @@ def test_instantiate_each_model_preset(preset, tmp_path):
     with torch.device("meta"):  # 8B and 1B only ever on the meta device here
         model = Llama(config)
     assert sum(p.numel() for p in model.parameters()) == config.num_params()
-    assert pop_context_parallel(cfg) == (1, 1)  # longctx's keys, not lightning.Trainer's
+    assert pop_context_parallel(cfg) == (
+        1,
+        1,
+        "documents",
+    )  # longctx's keys, not lightning.Trainer's
     trainer = instantiate(cfg.trainer, logger=False, callbacks=[])
     assert trainer.max_steps == cfg.trainer.max_steps
 

@@ -340,7 +340,8 @@ def dry_run_report(model_config: LlamaConfig, cfg: DictConfig, device: torch.dev
 
 
 def planner_layout(cfg: DictConfig, model_config: LlamaConfig, device: torch.device):
-    """The run's layout as the planner sees it (worst case: one document per row)."""
+    """The run's layout as the planner sees it (one document per row, the worst case, unless
+    planner.doc_length_median states a distribution)."""
     fsdp = sharded_strategy(cfg.trainer)
     devices = cfg.trainer.get("devices", 1)
     return planner.Layout(
@@ -357,7 +358,16 @@ def planner_layout(cfg: DictConfig, model_config: LlamaConfig, device: torch.dev
         attn_backend=resolve_backend(model_config.attn_backend, device),
         accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
         max_steps=cfg.trainer.max_steps,
+        doc_length_lognormal=doc_length_distribution(cfg.planner),
     )
+
+
+def doc_length_distribution(planner_cfg: DictConfig) -> tuple[float, float] | None:
+    """planner.doc_length_median / doc_length_sigma as the planner's lognormal, if stated."""
+    median = planner_cfg.get("doc_length_median")
+    if median is None:
+        return None
+    return float(median), float(planner_cfg.get("doc_length_sigma", 1.0))
 
 
 def planner_precision(trainer_cfg: DictConfig, fsdp: bool, device: torch.device) -> str:
