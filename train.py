@@ -7,18 +7,7 @@ Examples:
     python train.py ckpt_path=last                      # resume the most recent run
 """
 
-import hydra
-from omegaconf import DictConfig
-
-from longctx.train.app import main, register_resolvers
-
-register_resolvers()
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
-def train(cfg: DictConfig) -> float | None:
-    return main(cfg)
-
+from longctx.train.cli import train_cli
 
 if __name__ == "__main__":
-    train()
+    train_cli()

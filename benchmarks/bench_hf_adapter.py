@@ -24,7 +24,7 @@ import torch
 
 from longctx.batch import PackedBatch
 from longctx.hf.adapter import load_hf_causal_lm
-from longctx.model import Llama
+from longctx.hf.checkpoint import load_hf
 
 RESULTS = Path(__file__).parent / "results"
 SHAPE = dict(
@@ -70,7 +70,7 @@ def step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: PackedBatch)
 def bench_length(folder: str, length: int, steps: int) -> dict:
     models = {
         "hf_adapter": load_hf_causal_lm(folder, attn_backend="sdpa"),
-        "longctx_llama": Llama.from_hf(folder, attn_backend="sdpa"),
+        "longctx_llama": load_hf(folder, attn_backend="sdpa"),
     }
     batch = make_batch(length)
     with torch.no_grad():  # same weights, same batch: the losses must agree

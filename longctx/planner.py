@@ -620,7 +620,7 @@ def known_device(name: str, baseline_bytes: int = CUDA_RUNTIME_BYTES) -> Device:
     if key is None:
         raise PlanError(
             f"device {name!r} is not one the planner knows ({sorted(KNOWN_DEVICES)}): set "
-            "trainer.device_memory_gb and peak_flops_per_device"
+            "planner.device_memory_gb and peak_flops_per_device"
         )
     memory_gb, peak = KNOWN_DEVICES[key]
     return Device(key, int(memory_gb * 1e9), peak, baseline_bytes, "CUDA context + NCCL (stated)")

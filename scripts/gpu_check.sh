@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check, for the day a CUDA machine is lent (one call, under 8 minutes):
 #   1. print the environment (torch, GPU, flash-attn / torch varlen availability);
-#   2. run the gpu-marked tests (tests/test_attention_gpu.py, and any other *_gpu.py module);
+#   2. run the gpu-marked tests (tests/gpu/test_attention_gpu.py, and any other *_gpu.py module);
 #   3. run benchmarks/gpu_bench.py (attention backends at 8k/32k, 2-layer 8B-shape train step).
 # Installs nothing: the repo is put on PYTHONPATH (the GPU machine has no network, and pip's
 # isolated editable build would need to fetch setuptools). Results and logs go to $OUT if set,
@@ -48,9 +48,9 @@ EOF
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
 echo "== gpu tests"
-GPU_TESTS=(tests/test_attention_gpu.py)
-for f in tests/test_*_gpu.py; do
-    [ "$f" != tests/test_attention_gpu.py ] && [ -f "$f" ] && GPU_TESTS+=("$f")
+GPU_TESTS=(tests/gpu/test_attention_gpu.py)
+for f in tests/gpu/test_*_gpu.py; do
+    [ "$f" != tests/gpu/test_attention_gpu.py ] && [ -f "$f" ] && GPU_TESTS+=("$f")
 done
 # -p no:cacheprovider: the checkout may be read-only-ish there; -rs lists skips with reasons
 timeout "$TEST_TIMEOUT" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider "${GPU_TESTS[@]}" \

@@ -1,10 +1,23 @@
-"""Skip GPU-marked tests on machines without CUDA; share the cores between xdist workers."""
+"""Skip GPU-marked tests on machines without CUDA; share the cores between xdist workers.
+
+Layout: unit/ (in-process), e2e/ (train.py and multi-process runs), gpu/ (CUDA only, skipped
+elsewhere), scripts/ (what e2e tests run in subprocesses), support/ (the shared helpers, importable
+as ``helpers`` and ``module_fixtures`` from every test and script).
+"""
 
 import os
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
+
+TESTS = Path(__file__).resolve().parent
+SHARED = [str(TESTS / "support"), str(TESTS / "scripts")]
+sys.path[:0] = SHARED
+# the subprocesses tests start (scripts/, train.py with a test callback) import them too
+os.environ["PYTHONPATH"] = os.pathsep.join([*SHARED, os.environ.get("PYTHONPATH", "")])
 
 
 def pytest_configure(config):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from longctx.cli import command
 from longctx.data.prepare import DEFAULT_SHARD_TOKENS, claim_output_folder, existing_manifest
 from longctx.data.shards import (
     FORMAT_VERSION,
@@ -461,5 +462,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
 
 
+cli = command(main)  # the console script and python -m: one-line errors, exit 2
+
 if __name__ == "__main__":
-    main()
+    cli()

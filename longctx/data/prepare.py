@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from longctx.cli import USER_ERRORS, command
 from longctx.data.pipeline import (
     PrepareTaskFailed,
     ReadDocuments,
@@ -255,21 +256,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         slurm = SlurmOptions(
             args.partition, args.time, args.cpus_per_task, args.mem_per_cpu_gb, args.qos
         )
-    try:
-        manifest = prepare(
-            args.inputs,
-            args.out,
-            args.tokenizer,
-            tasks=args.tasks,
-            workers=args.workers,
-            executor=args.executor,
-            slurm=slurm,
-            val_fraction=args.val_fraction,
-            shard_tokens=args.shard_tokens,
-            overwrite=args.overwrite,
-        )
-    except (PrepareTaskFailed, SlurmUnreachable) as err:
-        raise SystemExit(f"prepare: {err}") from None
+    manifest = prepare(
+        args.inputs,
+        args.out,
+        args.tokenizer,
+        tasks=args.tasks,
+        workers=args.workers,
+        executor=args.executor,
+        slurm=slurm,
+        val_fraction=args.val_fraction,
+        shard_tokens=args.shard_tokens,
+        overwrite=args.overwrite,
+    )
     for name, split in manifest.splits.items():
         print(
             f"{name}: {split.documents} documents, {split.tokens} tokens, "
@@ -277,5 +275,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
 
 
+cli = command(
+    main, USER_ERRORS + (PrepareTaskFailed, SlurmUnreachable)
+)  # the console script and python -m: one-line errors, exit 2
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -1,6 +1,6 @@
 """python -m longctx.eval CHECKPOINT [--seq-len L] [--out DIR] [--backend NAME] ..."""
 
-from longctx.eval.cli import main
+from longctx.eval.cli import cli
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -11,12 +11,12 @@ length) and needle depth. Results go to ``--out`` (default ``<run>/eval``) as CS
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from longctx.cli import command
 from longctx.eval.files import write_json, write_rows
 from longctx.eval.long_documents import (
     check_eval_length,
@@ -33,47 +33,17 @@ from longctx.eval.probes import (
     make_probes,
     score_probes,
 )
+from longctx.runs.folder import run_folder_of
+from longctx.runs.record import read_stored_run
 
 
-def stored_run_config(checkpoint: dict, path: Path):
-    """The run's resolved model and data config, as train.py stored it in the checkpoint."""
-    from omegaconf import OmegaConf
-
-    from longctx.runs.identity import CHECKPOINT_KEY
-
-    stored = (checkpoint.get(CHECKPOINT_KEY) or {}).get("config")
-    if stored is None:
-        raise ValueError(
-            f"{path} holds no run config (key {CHECKPOINT_KEY!r}); expected a checkpoint "
-            "written by train.py"
-        )
-    return OmegaConf.create(stored)
-
-
-def load_configs(cfg, seq_len: int | None, cache_dir: str | None, backend: str | None):
-    """(LlamaConfig, DataConfig) from a run's stored config, with CLI overrides."""
-    from hydra.utils import instantiate
-
+def load_configs(stored, seq_len: int | None, cache_dir: str | None, backend: str | None):
+    """(model config, DataConfig) from a checkpoint's validated run record, with CLI overrides."""
+    model_config = stored.model_config(**({"attn_backend": backend} if backend else {}))
+    data = {"seq_len": seq_len} if seq_len is not None else {}
     if cache_dir is not None:
-        cfg.data.cache_dir = cache_dir
-    elif not _resolvable(cfg, "data.cache_dir"):
-        cfg.data.cache_dir = None  # the default cache (~/.cache/longctx or $LONGCTX_CACHE)
-    if seq_len is not None:
-        cfg.data.seq_len = seq_len
-    model_config = instantiate(cfg.model)
-    if backend is not None:
-        model_config = dataclasses.replace(model_config, attn_backend=backend)
-    return model_config, instantiate(cfg.data)
-
-
-def _resolvable(cfg, key: str) -> bool:
-    from omegaconf import OmegaConf
-
-    try:
-        OmegaConf.select(cfg, key, throw_on_missing=True)
-        return True
-    except Exception:  # an interpolation only Hydra's runtime can resolve
-        return False
+        data["cache_dir"] = cache_dir
+    return model_config, stored.data_config(**data)
 
 
 def model_state_dict(state: dict, path: Path) -> dict[str, torch.Tensor]:
@@ -143,14 +113,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     from longctx.data import LongCtxDataModule, load_tokenizer
-    from longctx.runs.checkpoints import read_checkpoint
 
-    state = read_checkpoint(args.checkpoint)  # names the file when missing or unreadable
-    model_config, data_config = load_configs(
-        stored_run_config(state, args.checkpoint), args.seq_len, args.cache_dir, args.backend
-    )
-    # <run>/checkpoints/last.ckpt -> <run>/eval
-    out = args.out or args.checkpoint.resolve().parent.parent / "eval"
+    stored = read_stored_run(args.checkpoint)  # names the file when missing or unreadable
+    state = stored.contents
+    model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
+    out = args.out or _default_out(args.checkpoint.resolve())
     check_lengths(args, model_config.max_seq_len, data_config.seq_len)
     model = load_model(state, args.checkpoint, model_config, args.device)
     datamodule = LongCtxDataModule(data_config)
@@ -188,6 +155,12 @@ def run(args: argparse.Namespace) -> dict:
     return summary
 
 
+def _default_out(checkpoint: Path) -> Path:
+    """<run>/eval for a checkpoint in a run folder; beside the checkpoint otherwise."""
+    run = run_folder_of(checkpoint)
+    return (run if run is not None else checkpoint.parent) / "eval"
+
+
 def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> None:
     """Every evaluation length within model.max_seq_len, before anything is loaded."""
     check_factor(args.long_factor)
@@ -200,3 +173,6 @@ def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> N
 
 def main(argv: Sequence[str] | None = None) -> dict:
     return run(parse_args(argv))
+
+
+cli = command(main)  # the console script and python -m: one-line errors, exit 2

@@ -26,15 +26,15 @@ def append_rows(rows: Sequence[dict], path: Path) -> None:
 
 def write_json(obj, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_finite(obj), indent=2) + "\n")
+    path.write_text(json.dumps(_json_safe(obj), indent=2) + "\n")
 
 
-def _finite(obj):
+def _json_safe(obj):
     """NaN/inf -> None, so the JSON is standard."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: _json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
+        return [_json_safe(v) for v in obj]
     return obj

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from longctx.experiments.arms import ARM_ORDER, arm_label
+from longctx.experiments.runs import require_runs, run_name, run_settings
 
 HELD_OUT_FILE = Path("eval") / "held_out_documents.csv"
 ARM_KEYS = ("reset_position_ids", "document_mask", "packer")
@@ -48,21 +49,16 @@ class RunInfo:
 # ------------------------------------------------------------------------------ loading
 def run_infos(root: str | Path) -> list[RunInfo]:
     """Every run folder under root, with the settings that define its arm."""
-    from longctx.experiments.analysis import find_runs, run_config
-
-    folders = find_runs(root)
-    if not folders:
-        raise FileNotFoundError(f"no run folders (.hydra/config.yaml) under {root}")
     infos = []
-    for folder in folders:
-        cfg = run_config(folder)
-        data = cfg.get("data", {})
+    for folder in require_runs(root):
+        settings = run_settings(folder)
+        data, run = settings["data"], settings["run"]
         arm = tuple(_plain(data.get(k)) for k in ARM_KEYS)
-        name = str(folder.relative_to(root)) if folder != Path(root) else folder.name
-        seed = cfg.get("seed")
+        name = run_name(folder, Path(root))
+        seed = run.get("seed", data.get("seed"))
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"run {name} has seed={seed!r} in its config; expected an int")
-        infos.append(RunInfo(name, folder, arm, seed, cfg.get("group"), data.get("seq_len")))
+        infos.append(RunInfo(name, folder, arm, seed, run.get("group"), data.get("seq_len")))
     return infos
 
 

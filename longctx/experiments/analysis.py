@@ -1,4 +1,4 @@
-"""Reading the position ablation: load runs (W&B, offline W&B folders, CSV logs), tidy frames, plots.
+"""Reading the position ablation: load runs (the W&B API, or the CSV log of local run folders), tidy frames, plots.
 
 Every loader returns one tidy frame with the columns of :data:`COLUMNS`: one row per
 (run, step, metric) with the run's W&B group and its variant — the ablation toggles
@@ -15,8 +15,7 @@ import argparse
 import json
 import math
 import re
-import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -24,7 +23,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from longctx.cli import command
+from longctx.experiments.ablation import format_summary, summarize
 from longctx.experiments.arms import ARM_ORDER, arm_label
+from longctx.experiments.runs import find_runs, require_runs, run_name, run_settings
+
+CSV_LOG = Path("csv") / "metrics.csv"
 
 COLUMNS = [
     "run", "group", "variant", "reset_position_ids", "document_mask", "step", "metric", "value",
@@ -72,46 +76,23 @@ def concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------ local run folders
-def find_runs(root: str | Path) -> list[Path]:
-    """Run folders under root: every folder holding a .hydra/config.yaml, sorted."""
+def load_local(root: str | Path) -> pd.DataFrame:
+    """All runs under root, from the CSV log every run writes (csv/metrics.csv; W&B offline
+    runs upload with ``wandb sync`` and read back with :func:`load_wandb`)."""
     root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"no such folder: {root}")
-    return sorted(p.parent.parent for p in root.rglob(".hydra/config.yaml"))
+    return concat([load_run_dir(r, root) for r in require_runs(root)])
 
 
-def run_config(run_dir: Path) -> dict:
-    """The saved Hydra config of a run folder, as a plain dict (interpolations left unresolved)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
-
-
-def load_local(root: str | Path, source: str = "auto") -> pd.DataFrame:
-    """All runs under root. source: "wandb" (offline-run files), "csv", or "auto" (W&B when a
-    run has an offline-run file, else its CSV log)."""
-    if source not in ("auto", "wandb", "csv"):
-        raise ValueError(f"source={source!r}; expected 'auto', 'wandb' or 'csv'")
-    runs = find_runs(root)
-    if not runs:
-        raise FileNotFoundError(f"no run folders (.hydra/config.yaml) under {root}")
-    return concat([load_run_dir(r, source, Path(root)) for r in runs])
-
-
-def load_run_dir(run_dir: Path, source: str = "auto", root: Path | None = None) -> pd.DataFrame:
-    cfg = run_config(run_dir)
-    name = str(run_dir.relative_to(root)) if root else run_dir.name
-    wandb_files = sorted(run_dir.glob("wandb/*run-*/run-*.wandb"))
-    csv_file = run_dir / "csv" / "metrics.csv"
-    if source in ("auto", "wandb") and wandb_files:
-        rows = [r for f in wandb_files for r in wandb_file_history(f)]
-    elif source in ("auto", "csv") and csv_file.is_file():
-        rows = csv_rows(csv_file)
-    else:
-        want = {"auto": "a W&B offline run or csv/metrics.csv", "wandb": "a W&B offline run",
-                "csv": "csv/metrics.csv"}[source]  # fmt: skip
-        raise FileNotFoundError(f"run {run_dir} has no metrics: expected {want}")
-    return tidy_frame(rows, name, cfg.get("group"), cfg.get("data", {}))
+def load_run_dir(run_dir: Path, root: Path | None = None) -> pd.DataFrame:
+    settings = run_settings(run_dir)
+    csv_file = run_dir / CSV_LOG
+    if not csv_file.is_file():
+        raise FileNotFoundError(
+            f"run {run_dir} has no metrics: expected {csv_file} (logger=csv, or the default "
+            "logger=wandb, which writes it too)"
+        )
+    name = run_name(run_dir, root or run_dir)
+    return tidy_frame(csv_rows(csv_file), name, settings["run"].get("group"), settings["data"])
 
 
 def csv_rows(path: Path) -> list[tuple[int, str, float]]:
@@ -125,126 +106,6 @@ def csv_rows(path: Path) -> list[tuple[int, str, float]]:
     )
     long = long.dropna(subset=["value"]).drop_duplicates(["step", "metric"], keep="last")
     return list(long[["step", "metric", "value"]].itertuples(index=False, name=None))
-
-
-# ----------------------------------------------------------- W&B offline run (.wandb) files
-_WANDB_HEADER = struct.Struct("<4sHB")  # ident ":W&B", magic 0xBEE1, version
-_RECORD_HEADER = struct.Struct("<IHB")  # crc32c, length, type
-_BLOCK = 32 * 1024
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def wandb_file_records(path: Path) -> Iterator[bytes]:
-    """The raw protobuf records of a .wandb file (a LevelDB-style log of 32 KiB blocks)."""
-    data = Path(path).read_bytes()
-    ident, magic, _ = _WANDB_HEADER.unpack_from(data, 0)
-    if ident != b":W&B" or magic != 0xBEE1:
-        raise ValueError(f"{path} is not a W&B run file (header {data[:7]!r})")
-    pos, pending = _WANDB_HEADER.size, b""
-    while True:
-        if _BLOCK - pos % _BLOCK < _RECORD_HEADER.size:
-            pos += _BLOCK - pos % _BLOCK  # a block tail too short for a header is padding
-        if pos + _RECORD_HEADER.size > len(data):
-            return
-        _, length, kind = _RECORD_HEADER.unpack_from(data, pos)
-        if kind == 0:  # zero fill: the end of what was written
-            return
-        chunk = data[pos + _RECORD_HEADER.size : pos + _RECORD_HEADER.size + length]
-        pos += _RECORD_HEADER.size + length
-        if kind == _FULL:
-            yield chunk
-        elif kind == _FIRST:
-            pending = chunk
-        elif kind == _MIDDLE:
-            pending += chunk
-        elif kind == _LAST:
-            yield pending + chunk
-            pending = b""
-
-
-def wandb_file_history(path: Path) -> list[tuple[int, str, float]]:
-    """(step, metric, value) rows of a .wandb file's numeric history.
-
-    The step is Lightning's ``trainer/global_step`` when logged, else W&B's ``_step``.
-    """
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    rows = []
-    for raw in wandb_file_records(path):
-        record = pb.Record()
-        record.ParseFromString(raw)
-        if record.WhichOneof("record_type") == "history":
-            rows.extend(_history_rows(record.history.item))
-    return rows
-
-
-def _history_rows(items) -> list[tuple[int, str, float]]:
-    values = {}
-    for item in items:
-        if len(item.nested_key) > 1:  # a field of a logged object (a table's "nrows", ...)
-            continue
-        value = _item_value(item)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            values[item.key or item.nested_key[0]] = value
-    step = values.pop("trainer/global_step", values.get("_step"))
-    if step is None:
-        return []
-    return [(int(step), k, float(v)) for k, v in values.items() if not k.startswith("_")]
-
-
-def _item_value(item):
-    if item.value_json:
-        try:
-            return json.loads(item.value_json)
-        except json.JSONDecodeError:
-            return None
-    typed = _oneof_fields(item)  # newer W&B versions may write typed values
-    for field in ("number", "integer"):
-        if field in typed and item.HasField(field):
-            return getattr(item, field)
-    return None
-
-
-def _oneof_fields(item) -> set[str]:
-    return {f.name for f in item.DESCRIPTOR.fields if f.containing_oneof is not None}
-
-
-def wandb_file_tables(path: Path, key: str) -> list[tuple[int, pd.DataFrame]]:
-    """(step, table) for every W&B Table logged under ``key`` in a .wandb file; the table
-    data is read from the run's ``files/`` folder, where an offline run keeps it."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    tables = []
-    for raw in wandb_file_records(path):
-        record = pb.Record()
-        record.ParseFromString(raw)
-        if record.WhichOneof("record_type") != "history":
-            continue
-        fields = {tuple(i.nested_key) or (i.key,): json.loads(i.value_json)
-                  for i in record.history.item if i.value_json}  # fmt: skip
-        file = fields.get((key, "path"))
-        if file is not None and fields.get((key, "_type")) == "table-file":
-            step = fields.get(("trainer/global_step",), fields.get(("_step",)))
-            data = json.loads((Path(path).parent / "files" / file).read_text())
-            tables.append((int(step), pd.DataFrame(data["data"], columns=data["columns"])))
-    return tables
-
-
-def wandb_file_config(path: Path) -> dict:
-    """The run config (top-level keys -> decoded values) recorded in a .wandb file."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    config = {}
-    for raw in wandb_file_records(path):
-        record = pb.Record()
-        record.ParseFromString(raw)
-        kind = record.WhichOneof("record_type")
-        updates = record.run.config.update if kind == "run" else None
-        updates = record.config.update if kind == "config" else updates
-        for item in updates or []:
-            key = item.key or "/".join(item.nested_key)
-            config[key] = json.loads(item.value_json)
-    return config
 
 
 # ------------------------------------------------------------------------ W&B public API
@@ -308,7 +169,7 @@ def load_probes(root: str | Path) -> pd.DataFrame:
     for run_dir in find_runs(root):
         path = run_dir / "eval" / "passkey_accuracy.csv"
         if path.is_file():
-            data = run_config(run_dir).get("data", {})
+            data = run_settings(run_dir)["data"]
             reset, mask = _toggle(data, "reset_position_ids"), _toggle(data, "document_mask")
             frames.append(
                 pd.read_csv(path).assign(
@@ -365,7 +226,11 @@ def plot_position_loss(frame: pd.DataFrame, kind: str = "doc", step: int | None 
     data = position_frame(frame, step)
     data = data[data["kind"] == kind]
     if data.empty:
-        raise ValueError("no per-position loss metrics (val/loss_by_*_pos/*) in the frame")
+        runs = ", ".join(sorted(map(str, frame["run"].unique()))) or "none"
+        raise ValueError(
+            f"no per-position loss metrics (val/loss_by_{kind}_pos/*) in the runs ({runs}): "
+            "they never validated; train with validation (trainer.val_check_interval)"
+        )
     for reset, mask in _variants(data):
         sub = data[(data.reset_position_ids == reset) & (data.document_mask == mask)]
         for _, run in sub.groupby("run"):
@@ -459,7 +324,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("folder", nargs="?", type=Path, help="local folder holding run folders")
     p.add_argument("--wandb", default=None, help="W&B ENTITY/PROJECT (instead of a folder)")
     p.add_argument("--group", default="position_ablation", help="W&B group (with --wandb)")
-    p.add_argument("--source", default="auto", choices=["auto", "wandb", "csv"])
     p.add_argument("--out", type=Path, default=Path("docs/ablation.png"))
     p.add_argument("--smoothing", type=float, default=0.9)
     p.add_argument("--title", default=None)
@@ -482,12 +346,16 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     args = parse_args(argv)
     matplotlib.use("Agg")  # files only, no display
     if (args.folder is None) == (args.wandb is None):
-        raise SystemExit("give either a local FOLDER or --wandb ENTITY/PROJECT (not both)")
-    if args.wandb:
-        frame = load_wandb(args.wandb, args.group)
-    else:
-        frame = load_local(args.folder, args.source)
-    written = [save_figure(ablation_figure(frame, args.title, args.smoothing), args.out)]
+        raise ValueError(
+            f"folder={args.folder}, --wandb={args.wandb}; give either a local FOLDER or "
+            "--wandb ENTITY/PROJECT (not both)"
+        )
+    frame = load_wandb(args.wandb, args.group) if args.wandb else load_local(args.folder)
+    try:
+        figure = ablation_figure(frame, args.title, args.smoothing)
+    except ValueError as err:
+        raise ValueError(f"{args.folder or args.wandb}: {err}") from err
+    written = [save_figure(figure, args.out)]
     if args.folder:
         written += write_summary(args)
     probes = load_probes(args.folder) if args.folder else pd.DataFrame()
@@ -501,8 +369,6 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
 
 def write_summary(args: argparse.Namespace) -> list[Path]:
     """Print the arm and pair tables; write the summary JSON and the held-out band figure."""
-    from longctx.experiments.ablation import format_summary, summarize
-
     summary = summarize(args.folder, args.bootstrap, allow_mixed=args.allow_mixed)
     print(format_summary(summary))
     path = args.summary or args.out.with_suffix(".json")
@@ -512,5 +378,7 @@ def write_summary(args: argparse.Namespace) -> list[Path]:
     return [path, save_figure(bands, args.out.with_name(args.out.stem + "_held_out.png"))]
 
 
+cli = command(main)  # the console script and python -m: one-line errors, exit 2
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from longctx.cli import command
 from longctx.eval.long_documents import octave_starts
 from longctx.experiments.ablation import bootstrap_difference, interval
 
@@ -146,7 +147,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     folders = sorted(f for f in args.sweep.iterdir() if f.is_dir() and ARM_KEY in f.name)
     if not folders:
-        raise SystemExit(f"{args.sweep} holds no rope_arm=... run folders")
+        raise FileNotFoundError(
+            f"{args.sweep} holds no rope_arm=... run folders; expected the "
+            "multirun folder of experiment=context_extension"
+        )
     rows = [arm_results(f) for f in folders]
     seq_len = rows[0]["seq_len"]
     plot({r["arm"]: curve(f) for r, f in zip(rows, folders, strict=True)}, seq_len,
@@ -163,5 +167,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     return rows
 
 
+cli = command(main)  # the console script and python -m: one-line errors, exit 2
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -21,6 +21,7 @@ import dataclasses
 import math
 from functools import cached_property
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -359,6 +360,11 @@ class HFModelSpec:
     dtype: str = "float32"
     config_overrides: dict = dataclasses.field(default_factory=dict)
 
+    # its attention is transformers' layer calling longctx's: it cannot take a row split over
+    # ranks, and the planner models longctx's Llama only
+    supports_context_parallel: ClassVar[bool] = False
+    plans_capacity: ClassVar[bool] = False
+
     def __post_init__(self) -> None:
         check_backend_name(self.attn_backend)
         dtype_named(self.dtype)  # fail now on a typo
@@ -401,7 +407,7 @@ class HFModelSpec:
                 "model.config_overrides if the model is meant to train longer"
             )
 
-    def __call__(self) -> HFCausalLM:
+    def build(self) -> HFCausalLM:
         return load_hf_causal_lm(
             self.path,
             self.attn_backend,

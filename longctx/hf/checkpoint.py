@@ -139,14 +139,17 @@ def read_hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
     raise ValueError(f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
 
 
-def load_hf(cls, path: str | Path, **overrides: Any):
-    """Build ``cls(config)`` from an HF folder; weights are copied in the model's fp32."""
+def load_hf(path: str | Path, **overrides: Any):
+    """longctx's Llama from a local HF Llama folder (config.json + safetensors, maybe sharded);
+    weights are copied in the model's fp32. ``overrides`` replace config fields."""
+    from longctx.model.llama import Llama
+
     path = Path(path)
     if not (path / CONFIG_FILE).is_file():
         raise ValueError(f"{path} has no {CONFIG_FILE}; expected a Hugging Face model folder")
     config = config_from_hf(json.loads((path / CONFIG_FILE).read_text()), **overrides)
     with torch.device("meta"):  # no random init of weights that are about to be overwritten
-        model = cls(config)
+        model = Llama(config)
     model.to_empty(device="cpu")
     model.load_state_dict(_from_hf_names(model, read_hf_state_dict(path)))
     return model

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from longctx.cli import command
 from longctx.data.tokenizer import ByteTokenizer
 from longctx.model import Llama, LlamaConfig
 from longctx.train.init_from import InitFromError, resolve
@@ -151,5 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"exported {args.checkpoint} to {path}")
 
 
+cli = command(main)  # the console script and python -m: one-line errors, exit 2
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
+
+import torch
 
 from longctx.model.attention.names import AUTO, check_backend_name
 from longctx.model.rope import RopeScaling
@@ -67,6 +69,19 @@ class LlamaConfig:
                 f"head_dim = dim / n_heads = {self.head_dim} is odd; RoPE rotates pairs, "
                 "so it must be even"
             )
+
+    supports_context_parallel: ClassVar[bool] = True
+    plans_capacity: ClassVar[bool] = True
+
+    def build(self):
+        """Llama(self); on the meta device with ``init_from`` (configure_model shards it under
+        FSDP2, materialises it and reads the weights, each rank its own shards)."""
+        from longctx.model.llama import Llama
+
+        if self.init_from:
+            with torch.device("meta"):
+                return Llama(self)
+        return Llama(self)
 
     def check_seq_len(self, seq_len: int) -> None:
         """The one length limit: rows no longer than the RoPE range the model is built for."""

@@ -6,12 +6,45 @@ the per-token loss and the loss sum are computed here, once, for all of them.
 
 from __future__ import annotations
 
+from typing import ClassVar, Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.model.loss import chunked_token_loss
+
+
+class ModelSpec(Protocol):
+    """What the app, the LightningModule, the planner and the record ask of a model's config:
+    longctx's :class:`~longctx.model.config.LlamaConfig` and the Hugging Face adapter's
+    ``HFModelSpec`` both implement it, so nothing needs to ask which one it has."""
+
+    attn_backend: str
+    # the model can take a row split over context-parallel ranks
+    supports_context_parallel: ClassVar[bool]
+    # longctx.planner models this model's memory and step time
+    plans_capacity: ClassVar[bool]
+
+    @property
+    def init_from(self) -> str | None:
+        """Weights to start from (read when the model is configured), or None."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest row the model is configured for."""
+
+    def num_params(self) -> int: ...
+
+    def check_seq_len(self, seq_len: int) -> None:
+        """Refuse rows of ``seq_len`` the model cannot run correctly, saying why."""
+
+    def build(self) -> PackedCausalLM:
+        """The model (on the meta device when ``init_from`` will fill it)."""
 
 
 class PackedCausalLM(nn.Module):

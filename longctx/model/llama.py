@@ -8,7 +8,6 @@ boundaries in the backend's format) and the RoPE cos/sin of every token's positi
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -48,10 +47,10 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        return _RMSNormFunction.apply(x, self.weight, self.eps)
+        return RMSNormFunction.apply(x, self.weight, self.eps)
 
 
-class _RMSNormFunction(torch.autograd.Function):
+class RMSNormFunction(torch.autograd.Function):
     """weight * (x / rms(x)).to(x.dtype), the Hugging Face Llama formula, with its own backward.
 
     Autograd through the formula makes about ten passes over [tokens, dim] in backward and
@@ -202,15 +201,3 @@ class Llama(PackedCausalLM):
         check_batch(batch, device, self.config.vocab_size, self.config.max_seq_len)
 
     # ------------------------------------------------------------------ HF interop
-    @classmethod
-    def from_hf(cls, path: str | Path, **overrides) -> Llama:
-        """Load a local Hugging Face Llama folder (config.json + safetensors, maybe sharded)."""
-        from longctx.hf.checkpoint import load_hf
-
-        return load_hf(cls, path, **overrides)
-
-    def save_hf(self, path: str | Path, max_shard_size: str | int = "5GB") -> None:
-        """Write a folder that transformers' LlamaForCausalLM.from_pretrained loads."""
-        from longctx.hf.checkpoint import save_hf
-
-        save_hf(self, path, max_shard_size)

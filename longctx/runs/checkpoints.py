@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from longctx.io import atomic_file
+from longctx.runs.folder import checkpoint_dir, last_checkpoint
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
@@ -72,6 +73,11 @@ class ResumePoint:
     def step(self) -> int:
         return int(self.contents.get("global_step", 0))
 
+    def announce(self) -> str:
+        """Say what is resumed (for the log); the path to hand to Lightning."""
+        print(f"{self.note} at step {self.step}", flush=True)
+        return self.path
+
 
 def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> ResumePoint | None:
     """None (fresh start); "last": this run folder's last.ckpt, or, when that one cannot be
@@ -84,8 +90,8 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> ResumePoint | 
         if found is None:
             raise FileNotFoundError(f"ckpt_path={ckpt_path}: no checkpoint at {ckpt_path}")
         return ResumePoint(str(found), read_checkpoint(found), f"resuming from {found}")
-    last = output_dir / "checkpoints" / "last.ckpt"
-    candidates = _newest_first(output_dir / "checkpoints", existing_checkpoint(last))
+    last = last_checkpoint(output_dir)
+    candidates = _newest_first(checkpoint_dir(output_dir), existing_checkpoint(last))
     if not candidates:
         raise FileNotFoundError(f"ckpt_path=last: no checkpoint at {last}")
     problems = []
@@ -124,11 +130,10 @@ def auto_resume_path(output_dir: Path) -> ResumePoint | None:
     requeued) or SLURM restarted the job (SLURM_RESTART_COUNT > 0). None: start fresh."""
     from longctx.distributed.slurm import PREEMPTED_MARKER, restart_count
 
-    checkpoints = output_dir / "checkpoints"
-    if not (checkpoints / PREEMPTED_MARKER).is_file() and restart_count() == 0:
+    if not (checkpoint_dir(output_dir) / PREEMPTED_MARKER).is_file() and restart_count() == 0:
         return None
     return (
         resolve_ckpt_path("last", output_dir)
-        if existing_checkpoint(checkpoints / "last.ckpt")
+        if existing_checkpoint(last_checkpoint(output_dir))
         else None
     )

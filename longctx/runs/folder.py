@@ -24,6 +24,42 @@ from pathlib import Path
 LOCK_FILE = ".lock"
 HYDRA_DIR = ".hydra"
 HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+CHECKPOINTS = "checkpoints"
+LAST_CHECKPOINT = "last.ckpt"
+
+
+def checkpoint_dir(run: Path) -> Path:
+    return Path(run) / CHECKPOINTS
+
+
+def last_checkpoint(run: Path) -> Path:
+    """Where the run's newest checkpoint is kept (a file, or a sharded folder under FSDP2)."""
+    return checkpoint_dir(run) / LAST_CHECKPOINT
+
+
+def is_run_folder(path: Path) -> bool:
+    return checkpoint_dir(path).is_dir()
+
+
+def run_folder_of(path: Path) -> Path | None:
+    """The run folder ``path`` is (a folder holding checkpoints/) or lies in (a checkpoint in
+    run/checkpoints/); None for a checkpoint that lives elsewhere."""
+    path = Path(path)
+    if is_run_folder(path):
+        return path
+    if path.parent.name == CHECKPOINTS:
+        return path.parent.parent
+    return None
+
+
+def newest_resumable_run(root: Path) -> Path | None:
+    """The run under ``root`` whose last checkpoint was written most recently."""
+    found = sorted(Path(root).glob(f"*/{CHECKPOINTS}/{LAST_CHECKPOINT}"), key=_mtime)
+    return found[-1].parent.parent if found else None
+
+
+def _mtime(path: Path) -> float:
+    return path.stat().st_mtime
 
 
 class RunFolderBusy(RuntimeError):
@@ -105,3 +141,28 @@ def existing_checkpoints(checkpoint_dir: Path) -> list[str]:
     if not checkpoint_dir.is_dir():
         return []
     return sorted(p.name for p in checkpoint_dir.iterdir() if p.suffix == ".ckpt")
+
+
+def snapshot(run_dir: Path) -> set[Path]:
+    """Every file in ``run_dir`` now (to tell later what a start added)."""
+    return {p for p in Path(run_dir).rglob("*") if p.is_file()} if Path(run_dir).is_dir() else set()
+
+
+def undo_start(run_dir: Path, before: set[Path]) -> bool:
+    """Remove what a refused start added to ``run_dir`` (its log and metrics folders, its W&B
+    files), unless it wrote a checkpoint, and then the folder itself when nothing but failed
+    starts' bookkeeping is left. Returns whether the folder was removed."""
+    added = snapshot(run_dir) - before
+    if any(p.is_relative_to(checkpoint_dir(run_dir)) for p in added):
+        return False  # a refusal after training began: what it wrote is the run's
+    for path in added:
+        if path.name != LOCK_FILE and path.suffix != ".log" and HYDRA_DIR not in path.parts:
+            path.unlink(missing_ok=True)
+    _remove_empty_folders(Path(run_dir))
+    return remove_if_only_bookkeeping(Path(run_dir))
+
+
+def _remove_empty_folders(root: Path) -> None:
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()

@@ -6,19 +6,16 @@ checkpoint under a different identity would silently mix two arms (a changed ``r
 loads without complaint), so a resume with differences is refused, listing them, unless each
 difference is allowed explicitly (``allow_resume_changes=[key, ...]``), which is logged.
 
-Checkpoints also carry the run's resolved model and data config, so ``python -m longctx.eval``
-rebuilds the model a checkpoint was trained as, whatever happened to the run folder since.
+Checkpoints also carry the run's resolved model and data config: longctx.runs.record.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable
 
-import lightning as L
+from longctx.runs.record import CHECKPOINT_KEY, plain
 
-CHECKPOINT_KEY = "longctx_run"
 # the data settings that define an arm (the data stream's own resume checks cover the rest)
 ARM_DATA_KEYS = ("shards", "weights", "seq_len", "packer", "reset_position_ids", "document_mask")
 # how the model runs or where its first weights came from, not which function it computes
@@ -37,13 +34,7 @@ def run_identity(model_config, data_config) -> dict:
         model = {"spec": repr(model_config)}
     identity = {f"model.{k}": v for k, v in model.items() if k not in RUNTIME_MODEL_KEYS}
     identity |= {f"data.{k}": getattr(data_config, k) for k in ARM_DATA_KEYS}
-    return _plain(identity)
-
-
-def _plain(value):
-    """JSON types only (lists for tuples and ListConfigs): loadable with weights_only=True,
-    and equal after a save/load round trip."""
-    return json.loads(json.dumps(value, default=list))
+    return plain(identity)
 
 
 def identity_changes(saved: dict, current: dict) -> dict[str, tuple]:
@@ -84,13 +75,3 @@ def check_resume(
             f"allow_resume_changes=[{','.join(refused)}]"
         )
     return changes
-
-
-class RunRecord(L.Callback):
-    """Writes the run's identity and resolved model/data config into every checkpoint."""
-
-    def __init__(self, identity: dict, config: dict) -> None:
-        self.record = {"identity": identity, "config": _plain(config)}
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[CHECKPOINT_KEY] = self.record

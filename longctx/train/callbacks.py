@@ -17,7 +17,9 @@ sends it on scancel, and on preemption SLURM requeues by itself when configured 
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +30,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from longctx.distributed.slurm import PREEMPTED_MARKER, requeue_job, under_slurm
+from longctx.runs.folder import checkpoint_dir, last_checkpoint
 
 if TYPE_CHECKING:
     from longctx.train.module import LongCtxModule
@@ -130,5 +133,42 @@ def last_checkpoint_path(trainer: L.Trainer) -> Path:
     """Where ModelCheckpoint keeps "last" (there is one "last", always the newest)."""
     callback = trainer.checkpoint_callback
     if callback is None or callback.dirpath is None:
-        return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+        return last_checkpoint(Path(trainer.default_root_dir))
     return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+
+
+class SweepStopped(Exception):
+    """A signal stopped one arm of a local multirun: the arms after it must not start (the
+    signal was meant for the whole process, not for one arm)."""
+
+
+def in_local_sweep() -> bool:
+    """A multirun whose arms run one after another in this process (Hydra's basic launcher);
+    the SLURM launcher runs each arm as its own job, which a signal stops alone."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return False
+    hydra = HydraConfig.get()
+    return hydra.mode == RunMode.MULTIRUN and hydra.launcher._target_.endswith(".BasicLauncher")
+
+
+def finish_preemption(trainer: L.Trainer, output_dir: Path) -> None:
+    """Report this rank; a run that finished without being signalled drops its PREEMPTED
+    marker; a signalled arm of a local sweep ends the sweep (SweepStopped)."""
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    print(
+        f"longctx: rank {trainer.global_rank}/{trainer.world_size} stopped at step "
+        f"{trainer.global_step} on node {node}",
+        flush=True,
+    )
+    signalled = any(getattr(c, "saved_path", None) for c in trainer.callbacks)
+    if trainer.is_global_zero and not signalled:
+        (checkpoint_dir(output_dir) / PREEMPTED_MARKER).unlink(missing_ok=True)
+    if signalled and in_local_sweep():
+        raise SweepStopped(
+            f"a signal stopped this arm at step {trainer.global_step} ({output_dir}); the sweep "
+            "ends here and its later arms do not start. Resume this arm with its overrides and "
+            f"hydra.run.dir={output_dir} ckpt_path=last"
+        )

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from longctx.hf.checkpoint import CONFIG_FILE, _check_supported, config_from_hf, to_hf_name
 from longctx.model.config import LlamaConfig
+from longctx.runs.folder import is_run_folder, last_checkpoint
 
 # fields that fix the tensors' shapes or the function the weights compute
 ARCHITECTURE_FIELDS = (
@@ -103,7 +104,7 @@ def resolve(path: str | Path) -> WeightSource:
         raise InitFromError(f"model.init_from={str(path)!r} does not exist; {expected}")
     if p.is_dir() and (p / CONFIG_FILE).is_file():
         return _transformers_source(p)
-    if p.is_dir() and (p / "checkpoints").is_dir():
+    if is_run_folder(p):
         return resolve(_run_checkpoint(p))
     if p.is_dir() and (p / DCP_METADATA).is_file():
         return WeightSource(p, "longctx-sharded", _sharded_shapes(p))
@@ -161,7 +162,7 @@ def _transformers_source(path: Path) -> WeightSource:
 def _run_checkpoint(run: Path) -> Path:
     from longctx.runs.checkpoints import existing_checkpoint
 
-    found = existing_checkpoint(run / "checkpoints" / "last.ckpt")
+    found = existing_checkpoint(last_checkpoint(run))
     if found is None:
         raise InitFromError(
             f"model.init_from={str(run)!r} is a run folder without checkpoints/last.ckpt; pass "

@@ -31,35 +31,18 @@ from longctx.distributed.context_parallel import (
 from longctx.distributed.cp_balance import DEFAULT_BALANCE, PlanStats, context_parallel_metrics
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
-from longctx.model import Llama, LlamaConfig
-from longctx.model.interface import PackedCausalLM
+from longctx.model.interface import ModelSpec, PackedCausalLM
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
-# a LlamaConfig, or a factory for any PackedCausalLM
-# (e.g. longctx.hf.HFModelSpec, which loads a Hugging Face causal LM)
-ModelSpec = LlamaConfig | Callable[[], nn.Module]
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
-    """Llama(spec) for a LlamaConfig; otherwise call the factory and check the interface.
-
-    With ``spec.init_from`` the Llama is built on the meta device: configure_model shards it
-    (under FSDP2), materialises it and reads the weights (each rank its own shards).
-    """
-    if isinstance(spec, LlamaConfig):
-        if spec.init_from:
-            with torch.device("meta"):
-                return Llama(spec)
-        return Llama(spec)
-    if not callable(spec):
-        raise TypeError(
-            f"model_config must be a LlamaConfig or a model factory; got {type(spec).__name__}"
-        )
-    model = spec()
+    """The spec's model, checked to be a PackedCausalLM (see ModelSpec.build)."""
+    model = spec.build()
     if not isinstance(model, PackedCausalLM):
         raise TypeError(
-            f"the model factory {spec!r:.200} built a {type(model).__name__}; expected a "
+            f"the model spec {spec!r:.200} built a {type(model).__name__}; expected a "
             "longctx.model.interface.PackedCausalLM (hidden_states, output_weight, estimate_flops)"
         )
     return model
@@ -124,10 +107,10 @@ class LongCtxModule(L.LightningModule):
         super().__init__()
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
-        if context_parallel != 1 and not isinstance(model_config, LlamaConfig):
+        if context_parallel != 1 and not model_config.supports_context_parallel:
             raise ValueError(
-                f"context_parallel={context_parallel} needs longctx's Llama (a LlamaConfig): "
-                f"other models' attention cannot take a row split over ranks"
+                f"context_parallel={context_parallel}: {type(model_config).__name__}'s model "
+                "cannot take a row split over ranks (only longctx's Llama can)"
             )
         self.automatic_optimization = False
         self.model_config = model_config

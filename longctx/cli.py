@@ -1,0 +1,57 @@
+"""One error style for every command line: ``error: <what> (<value>); <what to do>``, exit 2.
+
+A user's mistake (a missing file, a bad value, a refused config) is one line on stderr, not a
+traceback: the message already names the value and what was expected. ``LONGCTX_DEBUG=1`` shows
+the traceback too, for a bug report. Errors that are not the user's (a bug in longctx) keep their
+traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+# What a user's input can raise: longctx's own refusals subclass ValueError (or are a
+# FileExistsError / FileNotFoundError for paths); PermissionError for a folder they cannot write.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
+
+T = TypeVar("T")
+
+
+def error_line(err: BaseException) -> str:
+    """The one line for ``err``: its message, prefixed with ``error: `` once."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if text.startswith("error: ") else f"error: {text}"
+
+
+def debug() -> bool:
+    return os.environ.get("LONGCTX_DEBUG", "") not in ("", "0")
+
+
+def exit_on_user_error(err: BaseException) -> None:
+    """Print ``err`` as one line and exit 2 (with its traceback under LONGCTX_DEBUG=1)."""
+    if debug():
+        import traceback
+
+        traceback.print_exception(err, file=sys.stderr)
+    print(error_line(err), file=sys.stderr, flush=True)
+    raise SystemExit(2) from None
+
+
+def command(
+    main: Callable[..., T], errors: tuple[type[BaseException], ...] = USER_ERRORS
+) -> Callable[..., T]:
+    """Wrap a CLI's ``main`` so that ``errors`` end it with one line and exit 2."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs) -> T:
+        try:
+            return main(*args, **kwargs)
+        except errors as err:
+            exit_on_user_error(err)
+            raise  # unreachable: exit_on_user_error raises SystemExit
+
+    return wrapped

@@ -1,0 +1,178 @@
+"""The run's config record: the one place a run's model and data config is read back from.
+
+Every checkpoint carries, under ``longctx_run``, the run's identity and its resolved model and data
+config as they were when that checkpoint was written (so a resume with an allowed change, or an
+``overwrite=true`` start, records the config that trained those weights). Eval, export, init_from
+and the analysis all read this record; nothing reads Hydra's ``.hydra/config.yaml`` back.
+
+A record is data, never code. A stored config names its constructor with ``_target_``, and Hydra
+would call whatever that names (``torch.load`` of a pickle, ``open``, ``shutil.copyfile``...). So
+the record is validated against longctx's own config classes before anything is built: the
+``_target_`` must be one of :data:`MODEL_TARGETS` / :data:`DATA_TARGETS`, no other Hydra key
+(``_args_``, ``_partial_``, ``_recursive_``) may appear, nothing nested may carry a ``_target_``,
+and the constructor is called directly, without Hydra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from longctx.runs.checkpoints import existing_checkpoint, read_checkpoint
+from longctx.runs.folder import is_run_folder, last_checkpoint
+
+CHECKPOINT_KEY = "longctx_run"
+HYDRA_CONVERT_MODES = {"all", "none", "partial", "object"}
+
+
+class RecordError(ValueError):
+    """A checkpoint's run record that is missing or that longctx will not build."""
+
+
+def _llama_config(**fields):
+    from longctx.model import LlamaConfig
+
+    return LlamaConfig.from_name(**fields)
+
+
+def _llama_fields(**fields):
+    from longctx.model import LlamaConfig
+
+    return LlamaConfig(**fields)
+
+
+def _hf_spec(**fields):
+    from longctx.hf import HFModelSpec
+
+    return HFModelSpec(**fields)
+
+
+def _data_config(**fields):
+    from longctx.data import DataConfig
+
+    return DataConfig(**fields)
+
+
+# the only constructors a stored config may name (the conf/ groups' own _target_s)
+MODEL_TARGETS: dict[str, Callable[..., Any]] = {
+    "longctx.model.LlamaConfig.from_name": _llama_config,
+    "longctx.model.LlamaConfig": _llama_fields,
+    "longctx.hf.HFModelSpec": _hf_spec,
+}
+DATA_TARGETS: dict[str, Callable[..., Any]] = {"longctx.data.DataConfig": _data_config}
+
+
+def plain(value):
+    """JSON types only (lists for tuples and ListConfigs): loadable with weights_only=True,
+    and equal after a save/load round trip."""
+    return json.loads(json.dumps(value, default=list))
+
+
+class RunRecord(L.Callback):
+    """Writes the run's identity and resolved model/data config into every checkpoint."""
+
+    def __init__(self, identity: dict, config: dict) -> None:
+        self.record = {"identity": identity, "config": plain(config)}
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[CHECKPOINT_KEY] = self.record
+
+
+@dataclasses.dataclass
+class StoredRun:
+    """What a checkpoint says about the run that wrote it."""
+
+    checkpoint: Path  # the file or sharded folder that was read
+    contents: dict  # its weights-only, memory-mapped contents
+    config: dict  # {"model": {...}, "data": {...}} as recorded (validated)
+    identity: dict
+
+    def model_config(self, **overrides):
+        """The typed model config (a LlamaConfig or an HF spec); ``overrides`` replace fields."""
+        return build(self.config["model"], MODEL_TARGETS, f"{self.checkpoint}: model", overrides)
+
+    def data_config(self, **overrides):
+        return build(self.config["data"], DATA_TARGETS, f"{self.checkpoint}: data", overrides)
+
+
+def checkpoint_in(path: Path) -> Path:
+    """The checkpoint ``path`` names: itself (a .ckpt file or sharded folder), or a run
+    folder's last checkpoint."""
+    path = Path(path)
+    if is_run_folder(path):
+        found = existing_checkpoint(last_checkpoint(path))
+        if found is None:
+            raise FileNotFoundError(
+                f"{path} is a run folder without {last_checkpoint(path).relative_to(path)}; "
+                "pass a checkpoint inside it"
+            )
+        return found
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} does not exist; expected a longctx checkpoint (a .ckpt file, a sharded "
+            "checkpoint folder) or a run folder"
+        )
+    return path
+
+
+def read_stored_run(path: str | Path) -> StoredRun:
+    """The validated record of the checkpoint at ``path`` (see :func:`checkpoint_in`)."""
+    checkpoint = checkpoint_in(Path(path))
+    contents = read_checkpoint(checkpoint)
+    record = contents.get(CHECKPOINT_KEY) if isinstance(contents, dict) else None
+    config = (record or {}).get("config")
+    if not isinstance(config, dict) or not {"model", "data"} <= config.keys():
+        raise RecordError(
+            f"{checkpoint} holds no run config (key {CHECKPOINT_KEY!r} with model and data); "
+            "expected a checkpoint written by train.py"
+        )
+    validate(config["model"], MODEL_TARGETS, f"{checkpoint}: {CHECKPOINT_KEY}.config.model")
+    validate(config["data"], DATA_TARGETS, f"{checkpoint}: {CHECKPOINT_KEY}.config.data")
+    _refuse_nested_targets(config.get("run", {}), f"{checkpoint}: {CHECKPOINT_KEY}.config.run")
+    return StoredRun(checkpoint, contents, config, record.get("identity") or {})
+
+
+def validate(node: Any, targets: Mapping[str, Callable], where: str) -> None:
+    """Refuse a stored config that is not one of longctx's own config classes (see the module
+    docstring); ``where`` names the file and key in the error."""
+    if not isinstance(node, dict):
+        raise RecordError(f"{where} is a {type(node).__name__}; expected a config mapping")
+    target = node.get("_target_")
+    if target not in targets:
+        raise RecordError(
+            f"{where}._target_={target!r} is not one of longctx's config classes "
+            f"({', '.join(sorted(targets))}); a stored config is data and names no other code"
+        )
+    convert = node.get("_convert_", "all")
+    if convert not in HYDRA_CONVERT_MODES:
+        raise RecordError(f"{where}._convert_={convert!r}; expected one of {HYDRA_CONVERT_MODES}")
+    for key, value in node.items():
+        if key.startswith("_") and key not in ("_target_", "_convert_"):
+            raise RecordError(f"{where}.{key}: a stored config may not carry Hydra's {key}")
+        _refuse_nested_targets(value, f"{where}.{key}")
+
+
+def _refuse_nested_targets(value: Any, where: str) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and key.startswith("_") and key.endswith("_"):
+                raise RecordError(f"{where}.{key}: a stored config may not carry Hydra's {key}")
+            _refuse_nested_targets(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_nested_targets(item, f"{where}[{i}]")
+
+
+def build(node: dict, targets: Mapping[str, Callable], where: str, overrides: Mapping) -> Any:
+    """Call the validated constructor with the stored fields (``overrides`` replace some)."""
+    validate(node, targets, where)
+    fields = {k: v for k, v in node.items() if not k.startswith("_")} | dict(overrides)
+    try:
+        return targets[node["_target_"]](**fields)
+    except TypeError as err:  # a field the class does not have
+        raise RecordError(f"{where}: {err}") from err

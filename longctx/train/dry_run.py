@@ -1,0 +1,127 @@
+"""``dry_run=true``: the capacity plan of a composed config; nothing is allocated."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+from omegaconf import DictConfig
+
+from longctx import planner
+from longctx.distributed.layout import ParallelConfig
+from longctx.model.attention import resolve_backend
+from longctx.model.interface import ModelSpec
+from longctx.train.preflight import ConfigError, available_memory_bytes, sharded_strategy
+
+PRECISIONS = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16"}
+
+
+def dry_run_report(
+    model_config: ModelSpec, cfg: DictConfig, parallel: ParallelConfig, device: torch.device
+) -> dict:
+    params = model_config.num_params()
+    report = {
+        "parameters": params,
+        "training_memory_gib_per_device": planner.training_state_bytes(params) / 2**30,
+        "model": asdict(model_config),
+        "seq_len": cfg.data.seq_len,
+    }
+    print(
+        f"dry run: {params:,} parameters, about {report['training_memory_gib_per_device']:,.1f} "
+        f"GiB for weights, gradients and AdamW state; nothing allocated"
+    )
+    if not model_config.plans_capacity:
+        print("capacity plan: covers longctx's Llama (model=tiny/llama3_*) only")
+        return report
+    if cfg.planner.device:  # planning for named GPUs, maybe from a machine without them
+        device = torch.device("cuda")
+    try:
+        capacity = planner.plan(
+            model_config,
+            planner_layout(cfg, model_config, parallel, device),
+            planner_device(cfg, device),
+            mfu=cfg.planner.mfu,
+        )
+    except planner.PlanError as err:
+        raise ConfigError(str(err)) from err
+    print(planner.format_plan(capacity))
+    return report | {"plan": planner.plan_dict(capacity)}
+
+
+def planner_layout(
+    cfg: DictConfig, model_config: ModelSpec, parallel: ParallelConfig, device: torch.device
+) -> planner.Layout:
+    """The run's layout as the planner sees it (one document per row, the worst case, unless
+    planner.doc_length_median states a distribution)."""
+    fsdp = sharded_strategy(cfg.trainer)
+    devices = cfg.trainer.get("devices", 1)
+    return planner.Layout(
+        seq_len=cfg.data.seq_len,
+        micro_batch_size=cfg.data.micro_batch_size,
+        num_nodes=int(cfg.trainer.get("num_nodes", 1)),
+        devices=devices if isinstance(devices, int) else 1,
+        context_parallel=parallel.context_parallel,
+        context_parallel_rounds=parallel.context_parallel_rounds,
+        context_parallel_balance=parallel.context_parallel_balance,
+        fsdp=fsdp,
+        precision=planner_precision(cfg.trainer, fsdp, device),
+        activation_checkpointing=model_config.activation_checkpointing,
+        attn_backend=resolve_backend(model_config.attn_backend, device),
+        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+        max_steps=cfg.trainer.max_steps,
+        doc_length_lognormal=doc_length_distribution(cfg.planner),
+    )
+
+
+def doc_length_distribution(planner_cfg: DictConfig) -> tuple[float, float] | None:
+    """planner.doc_length_median / doc_length_sigma as the planner's lognormal, if stated."""
+    median = planner_cfg.get("doc_length_median")
+    if median is None:
+        return None
+    return float(median), float(planner_cfg.get("doc_length_sigma", 1.0))
+
+
+def planner_precision(trainer_cfg: DictConfig, fsdp: bool, device: torch.device) -> str:
+    if fsdp:  # FSDP2's mixed-precision policy casts; Lightning's precision stays 32-true
+        name = trainer_cfg.strategy.get("param_dtype", "auto")
+        bf16 = name == "bfloat16" or (name == "auto" and device.type == "cuda")
+        return "bf16" if bf16 else "fp32"
+    precision = str(trainer_cfg.get("precision", "32-true"))
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            f"trainer.precision={precision}: the capacity plan knows {sorted(PRECISIONS)}"
+        )
+    return PRECISIONS[precision]
+
+
+def planner_device(cfg: DictConfig, device: torch.device) -> planner.Device:
+    """planner.device names a known accelerator (else the visible GPU's name); the keys
+    planner.device_memory_gb and peak_flops_per_device override or supply its numbers."""
+    memory_gb, peak = cfg.planner.get("device_memory_gb"), cfg.get("peak_flops_per_device")
+    bandwidths = {
+        "intra_node_bytes_per_s": cfg.planner.intra_node_gb_per_s * 1e9,
+        "inter_node_bytes_per_s": cfg.planner.inter_node_gb_per_s * 1e9,
+    }
+    if device.type == "cpu":
+        memory = memory_gb * 1e9 if memory_gb else available_memory_bytes(device)
+        rss = planner.process_rss_bytes()
+        note = "this process's RSS (Python, torch, the app's imports), measured"
+        return planner.Device("cpu", int(memory), peak, rss, note, **bandwidths)
+    name = cfg.planner.device or (
+        torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    )
+    if name is not None and (memory_gb is None or peak is None):
+        known = planner.known_device(name)
+        memory_gb = memory_gb or known.memory_bytes / 1e9
+        peak = peak or known.peak_flops
+    for key, value in (("planner.device_memory_gb", memory_gb), ("peak_flops_per_device", peak)):
+        if value is None:
+            raise ConfigError(
+                f"the capacity plan needs {key} for this accelerator (no GPU is visible and "
+                f"planner.device is not set to one of {sorted(planner.KNOWN_DEVICES)})"
+            )
+    baseline = planner.CUDA_RUNTIME_BYTES
+    return planner.Device(
+        name or "gpu", int(memory_gb * 1e9), peak, baseline, "CUDA context + NCCL (stated)",
+        **bandwidths,
+    )  # fmt: skip

@@ -1,0 +1,55 @@
+"""The OmegaConf resolvers conf/ uses (registered by train.py before Hydra composes)."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from longctx.distributed.slurm import checked_num_nodes, slurm_job_label
+from longctx.runs.folder import config_subdir, newest_resumable_run
+from longctx.train.preflight import ConfigError
+
+
+def run_dir(runs_dir: str, run_name: str, ckpt_path: str | None) -> str:
+    """The run folder: named, the newest resumable one (ckpt_path=last), inside a SLURM job
+    slurm-<job id> (every rank and a requeued job find the same folder), or a new timestamped one."""
+    root = Path(runs_dir)
+    if run_name != "auto":
+        return str(root / run_name)
+    if ckpt_path == "last":
+        found = newest_resumable_run(root)
+        if found is None:
+            raise ConfigError(
+                f"ckpt_path=last: no run under {root} has a last checkpoint; "
+                "pass run_name=<folder> to pick one"
+            )
+        return str(found)
+    if slurm_job_label() is not None:
+        return str(root / f"slurm-{slurm_job_label()}")
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    candidate, n = root / stamp, 1
+    while candidate.exists():
+        candidate, n = root / f"{stamp}-{n}", n + 1
+    return str(candidate)
+
+
+def required_value(key: str, hint: str = "") -> None:
+    """``${longctx_required:key,hint}``: a value the command line must set. (A ``???`` in a
+    config group option is lost when that option is merged over a default that sets it.)"""
+    raise ConfigError(f"{key} is not set. {hint}".strip())
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("longctx_required"):
+        OmegaConf.register_new_resolver("longctx_required", required_value)
+    if not OmegaConf.has_resolver("longctx_run_dir"):
+        # cached: Hydra may resolve the run folder more than once; it must not change
+        OmegaConf.register_new_resolver("longctx_run_dir", run_dir, use_cache=True)
+    if not OmegaConf.has_resolver("longctx_config_subdir"):
+        # cached: decided once per start, before Hydra writes the config it names
+        OmegaConf.register_new_resolver("longctx_config_subdir", config_subdir, use_cache=True)
+    if not OmegaConf.has_resolver("longctx_slurm_nodes"):
+        # conf/hydra/launcher/slurm.yaml: refuse a node count / partition the cluster lacks
+        OmegaConf.register_new_resolver("longctx_slurm_nodes", checked_num_nodes)
