@@ -221,14 +221,14 @@ def step_worker(rank, size, how, rounds, length, steps, port, queue) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=size)
         group = dist.group.WORLD
     batch = make_batch(length, seed=0)
-    if size > 1:
-        batch = context_shard(batch, rank, size, group, balance=how, rounds=rounds)
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []
     for step in range(steps + 1):  # one warm-up step first
-        start = time.perf_counter()
-        data_parallel_step(model, batch, opt, group)
+        start = time.perf_counter()  # the plan is made every step, as in training
+        if size > 1:
+            shard = context_shard(batch, rank, size, group, balance=how, rounds=rounds)
+        data_parallel_step(model, shard if size > 1 else batch, opt, group)
         if step:
             times.append(time.perf_counter() - start)
     if size > 1:

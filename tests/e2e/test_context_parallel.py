@@ -9,6 +9,7 @@ processes, gather and reduce-scatter included, for every balancer.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -687,3 +688,23 @@ def test_context_parallel_refuses_models_and_flex_shapes_it_cannot_split():
     with pytest.raises(ConfigError, match=r"L=256 to be a multiple of 4 chunk\(s\) x 128 = 512"):
         check_backend(flex, 256, cuda, context_chunks=4)
     check_backend(flex, 512, cuda, context_chunks=4)  # whole blocks: fine
+
+
+@pytest.mark.slow
+def test_the_benchmark_quick_mode_runs_every_balancer(tmp_path):
+    """benchmarks/bench_cp.py --quick: every balancer in every table (no timing asserted)."""
+    out = tmp_path / "cp.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_cp.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    names = {"head_tail", "rounds16", "rounds64", "documents"}
+    for table in ("balance", "gloo_attention", "simulated_attention"):
+        assert all(names <= set(row) for row in report[table]), table
+    assert [row["ranks"] for row in report["balance"]] == [2, 4, 8]
+    assert {s["balance"] for s in report["steps"]} == {"one process", "head_tail", "documents"}
+    assert "work imbalance" in proc.stdout

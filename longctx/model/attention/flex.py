@@ -34,7 +34,8 @@ FLEX_BLOCK_SIZE = 128
 
 class FlexBackend(AttentionBackend):
     """FlexAttention under a document block mask. Context parallel: the shard's query tiles
-    against the whole rows' key tiles (each chunk must be whole tiles)."""
+    against the whole rows' key tiles, from the plan (the local rows, and under head-tail each
+    chunk, must be whole tiles)."""
 
     name = FLEX
     per_rank_key_spans = True
