@@ -296,6 +296,15 @@ def gather_row(x_local: Tensor, shard: ContextShard) -> Tensor:
     return flat.index_select(0, index).view(b, shard.row_len, *rest)
 
 
+def own_tokens(x_row: Tensor, shard: ContextShard) -> Tensor:
+    """[B, L, ...] whole rows -> [B, L/N, ...] this rank's tokens of them (gather_row's
+    inverse on this rank)."""
+    b, local_len = shard.shape
+    rows = torch.arange(b, device=x_row.device)[:, None] * shard.row_len
+    index = (rows + shard.global_index.to(x_row.device)).flatten()
+    return x_row.flatten(0, 1).index_select(0, index).view(b, local_len, *x_row.shape[2:])
+
+
 class _AllGather(torch.autograd.Function):
     """all-gather along dim 0 over ``group``; backward: reduce-scatter (sum) of the gradient."""
 

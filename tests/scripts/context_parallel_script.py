@@ -1,4 +1,4 @@
-"""Run by tests/test_context_parallel.py: a Llama over W gloo ranks vs. one process.
+"""Run by tests/e2e/test_context_parallel.py: a Llama over W gloo ranks vs. one process.
 
     python context_parallel_script.py W N BALANCE [K]
 
@@ -9,7 +9,8 @@ parameter gradient; gradients and losses are summed over all ranks (what DDP/FSD
 logits gathered within each replica. Rank 0 compares them with one process running all the
 replicas' batches, for reset and continuous position ids, with B = 3 rows: documents straddling
 chunk edges and longer than L/N, one document filling its row, and documents all shorter than a
-chunk followed by a pad tail (fp32, 1e-5). Prints "compared".
+chunk followed by a pad tail; and a row where some ranks need no other rank's keys (yet every
+rank must join the gather's reduce-scatter) (fp32, 1e-5). Prints "compared".
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,6 +36,11 @@ from longctx.model import Llama, LlamaConfig
 
 L = 240
 ROWS = [[7, 50, 1, 33, 90, 59], [240], [13] * 17]  # the last row: a 19-token pad tail
+# a row where some ranks need other ranks' keys and others need none (head_tail and documents
+# over 2 ranks: rank 1 needs none; documents over 4: ranks 2 and 3): every rank's backward must
+# still join the gather's reduce-scatter
+UNEVEN_ROWS = [[55, 5, 50, 69, 58, 3]]
+CASES = [(ROWS, True), (ROWS, False), (UNEVEN_ROWS, True)]  # (rows, reset position ids)
 CONFIG = LlamaConfig(
     dim=32,
     n_layers=2,
@@ -47,11 +54,11 @@ CONFIG = LlamaConfig(
 )
 
 
-def make_batch(reset: bool, replica: int) -> PackedBatch:
+def make_batch(rows, reset: bool, replica: int) -> PackedBatch:
     gen = torch.Generator().manual_seed(1 + replica)
-    tokens = torch.randint(0, 64, (len(ROWS), L), generator=gen)
-    batch = PackedBatch.from_lengths(tokens, ROWS, reset_position_ids=reset)
-    batch.labels[-1, 13 * 17 :] = -100  # the pad tail has no targets
+    tokens = torch.randint(0, 64, (len(rows), L), generator=gen)
+    batch = PackedBatch.from_lengths(tokens, rows, reset_position_ids=reset)
+    batch.labels[-1, sum(rows[-1]) :] = -100  # a pad tail has no targets
     return batch
 
 
@@ -97,14 +104,15 @@ def distributed(model, batches, context_parallel: int, balance: str, rounds: int
 
 def worker(rank: int, world: int, context_parallel: int, balance: str, rounds: int, port: int):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a rank left waiting in a collective fails the run in a minute, not at the test's timeout
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)
     try:
-        for reset in (True, False):
+        for rows, reset in CASES:
             torch.manual_seed(0)
             # with activation checkpointing, backward re-gathers K/V on every rank in step
             model = Llama(dataclasses.replace(CONFIG, activation_checkpointing=not reset))
-            batches = [make_batch(reset, r) for r in range(world // context_parallel)]
+            batches = [make_batch(rows, reset, r) for r in range(world // context_parallel)]
             got = distributed(model, batches, context_parallel, balance, rounds)
             if rank == 0:
                 expected = reference(model, batches)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from longctx.batch import PackedBatch, check_dense_mask_len
-from longctx.distributed.context_parallel import ContextShard, gather_row
+from longctx.distributed.context_parallel import ContextShard, gather_row, own_tokens
 from longctx.model.attention.base import AttentionBackend
 from longctx.model.attention.names import (
     ATTENTION_BACKENDS,
@@ -167,10 +167,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tenso
 
 
 def context_attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
-    """Local queries [B, L/N, H, D] against the whole rows' keys, gathered from the group."""
+    """Local queries [B, L/N, H, D] against the whole rows' keys, gathered from the group.
+
+    The local K/V are read back from the gathered rows: so every rank's backward runs the
+    gather's reduce-scatter, whatever its own pieces need. A rank holding only whole documents
+    would otherwise use no gathered key, skip it, and leave the other ranks waiting in theirs.
+    """
     shard = meta.shard
     k_row, v_row = (gather_row(x, shard) for x in (k, v))
-    return attention_over_row(q, k, v, k_row, v_row, meta)
+    k_own, v_own = (own_tokens(x, shard) for x in (k_row, v_row))
+    return attention_over_row(q, k_own, v_own, k_row, v_row, meta)
 
 
 def attention_over_row(
