@@ -44,10 +44,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from longctx import planner
-from longctx.distributed.context_parallel import context_shard, gather_row
+from longctx.distributed.context_parallel import context_shard
 from longctx.distributed.cp_balance import DEFAULT_BALANCE, plan_stats, row_owner
 from longctx.model import Llama, LlamaConfig
-from longctx.model.attention import attention_over_row, build_attention_metadata
+from longctx.model.attention import (
+    attention_over_row,
+    build_attention_metadata,
+    context_attention,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_step import data_parallel_step, make_batch  # noqa: E402  (lognormal documents)
@@ -170,8 +174,7 @@ def gloo_attention_worker(rank, length, timing_rows, repeats, port, queue) -> No
                 leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
                 dist.barrier()
                 start = time.perf_counter()
-                k_row, v_row = (gather_row(x, shard) for x in leaves[1:])
-                out = attention_over_row(*leaves, k_row, v_row, meta)
+                out = context_attention(*leaves, meta)  # the K/V all-gather included
                 out.sum().backward()  # reduce-scatters the rows' K/V gradient
                 if repeat:
                     times[name].append(time.perf_counter() - start)
