@@ -85,6 +85,9 @@ class PlannerSettings:
     mfu: float = DEFAULT_MFU
     intra_node_gb_per_s: float = INTRA_NODE_BYTES_PER_S / 1e9
     inter_node_gb_per_s: float = INTER_NODE_BYTES_PER_S / 1e9
+    # a stated lognormal of document lengths (median tokens, sigma); None = one per row
+    doc_length_median: float | None = None
+    doc_length_sigma: float = 1.0
 
     def __post_init__(self) -> None:
         if self.device is not None and not isinstance(self.device, str):
@@ -98,6 +101,13 @@ class PlannerSettings:
             raise PlanError(f"planner.mfu={self.mfu}; expected a fraction in (0, 1]")
         for key in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
             require_positive("collective bandwidth per GPU", getattr(self, key), f"planner.{key}")
+        if self.doc_length_median is not None:
+            require_positive(
+                "median document length", self.doc_length_median, "planner.doc_length_median"
+            )
+        require_positive(
+            "document length spread", self.doc_length_sigma, "planner.doc_length_sigma"
+        )
 
     @classmethod
     def from_dict(cls, settings: dict) -> PlannerSettings:
