@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from longctx.planner import CPU_HEAP_RETENTION
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "train_rss.json"
 GIB = 2**30
@@ -79,6 +81,7 @@ def measure(length: int, steps: int, root: Path) -> dict:
         "ratio": predicted / measured,
         "ratio_without_allowance": (predicted - retained) / measured,
         "fraction": (measured - (predicted - retained)) / tensors,
+        "allowance": CPU_HEAP_RETENTION,
     }
 
 
