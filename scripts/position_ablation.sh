@@ -8,14 +8,16 @@
 #
 #   scripts/position_ablation.sh [RUNS_ROOT] [extra overrides ...]
 #
-# From the environment: SEQ (4096), STEPS (300), MIX_SEED (1000), INSTANCE_SEED (0), SAMPLES (4
-# per task, length and depth), OUT (docs/position_ablation_mix: .png/.json for the loss, _ruler.*).
+# From the environment: MODEL (tiny), SEQ (4096), STEPS (300), MIX_SEED (1000), INSTANCE_SEED (0),
+# SAMPLES (4 per task, length and depth), OUT (docs/position_ablation_mix: .png/.json for the loss,
+# _ruler.*). The positive control needed ~20 M tokens before tiny_long copied at a distance
+# (docs/effective-length.md); 300 x 4096 is 1.2 M per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 ROOT="${1:-outputs/position_ablation}"
 shift || true
-SEQ="${SEQ:-4096}" STEPS="${STEPS:-300}" MIX_SEED="${MIX_SEED:-1000}"
+MODEL="${MODEL:-tiny}" SEQ="${SEQ:-4096}" STEPS="${STEPS:-300}" MIX_SEED="${MIX_SEED:-1000}"
 INSTANCE_SEED="${INSTANCE_SEED:-0}" SAMPLES="${SAMPLES:-4}" OUT="${OUT:-docs/position_ablation_mix}"
 TASKS="passkey,niah_single,niah_multikey,copy"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
@@ -30,7 +32,7 @@ if [ ! -e "$MIX/manifest.json" ]; then
   "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
     --documents 4000 --min-length 64 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
 fi
-"$PY" train.py -m experiment=position_ablation "paths.root_dir=$ROOT" logger=csv \
+"$PY" train.py -m experiment=position_ablation "model=$MODEL" "paths.root_dir=$ROOT" logger=csv \
   "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "data.seq_len=$SEQ" data.micro_batch_size=1 \
   "trainer.max_steps=$STEPS" "trainer.val_check_interval=$(( STEPS < 100 ? STEPS : 100 ))" "$@"
 sweep="$(ls -d "$ROOT"/multirun/train/* | sort | tail -1)"
@@ -40,7 +42,7 @@ for run in "$sweep"/*/; do
     --samples "$SAMPLES" --seed "$INSTANCE_SEED" --cache-dir "$CACHE"
 done
 seconds=$(( SECONDS - start ))
-note="tiny, L=$SEQ, $STEPS steps x 1 row per arm and seed, the embedded corpus + the long-range mix (seed $MIX_SEED) 1:1, train seeds 0 and 1, instance seed $INSTANCE_SEED; ${seconds} s wall"
+note="$MODEL, L=$SEQ, $STEPS steps x 1 row per arm and seed, the embedded corpus + the long-range mix (seed $MIX_SEED) 1:1, train seeds 0 and 1, instance seed $INSTANCE_SEED; ${seconds} s wall"
 "$PY" -m longctx.analysis "$sweep" --out "$OUT.png" --title "$note"
 "$PY" -m longctx.experiments.ruler_report "$sweep" --arm-by position --json "${OUT}_ruler.json" \
   --extra "{\"mix_seed\": $MIX_SEED, \"mix\": \"$(basename "$MIX")\", \"train_seeds\": [0, 1], \"wall_s\": $seconds}" \

@@ -23,7 +23,7 @@ TASKS="passkey,niah_single,niah_multikey,copy"
 # half the training length (at least the needle tasks' minimum), the training length, twice it
 LENGTHS="${LENGTHS:-$(( SEQ / 2 < 192 ? 192 : SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
-MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}"
+MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}" REPEAT="$CACHE/ruler_repeat_L${SEQ}_s$(( MIX_SEED + 1 ))"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
 if [ -e "$ROOT/outputs/train" ]; then
   echo "ruler_control: $ROOT/outputs/train exists (an earlier run); pass another RUNS_ROOT" >&2
@@ -34,19 +34,25 @@ if [ ! -e "$MIX/manifest.json" ]; then
   "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
     --documents 20000 --min-length 32 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
 fi
+if [ ! -e "$REPEAT/manifest.json" ]; then
+  "$PY" -m longctx.data.synthesize --tasks repeat --seed $(( MIX_SEED + 1 )) --documents 60000 \
+    --min-length 16 --max-length "$SEQ" --out "$REPEAT" --cache-dir "$CACHE"
+fi
 declare -A wall
 for arm in ruler_control ruler_control_nomix; do
   t=$SECONDS
   "$PY" train.py "experiment=$arm" "run_name=$arm" "paths.root_dir=$ROOT" logger=csv \
-    "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "seed=$SEED" "data.seq_len=$SEQ" "$@"
+    "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "ruler_repeat=$REPEAT" "seed=$SEED" \
+    "data.seq_len=$SEQ" "$@"
   "$PY" -m longctx.eval "$ROOT/outputs/train/$arm/checkpoints/last.ckpt" --suite ruler \
     --tasks "$TASKS" --lengths $LENGTHS --depths 0 0.25 0.5 0.75 1 --samples "$SAMPLES" \
     --seed "$INSTANCE_SEED" --cache-dir "$CACHE"
   wall[$arm]=$(( SECONDS - t ))
 done
 seconds=$(( SECONDS - start ))
-extra=$(printf '{"control_arm": "ruler_control", "negative_arm": "ruler_control_nomix", "train_seed": %s, "mix_seed": %s, "mix": "%s", "training_length": %s, "wall_s": %s, "arm_wall_s": {"ruler_control": %s, "ruler_control_nomix": %s}}' \
-  "$SEED" "$MIX_SEED" "$(basename "$MIX")" "$SEQ" "$seconds" "${wall[ruler_control]}" "${wall[ruler_control_nomix]}")
+extra=$(printf '{"control_arm": "ruler_control", "negative_arm": "ruler_control_nomix", "train_seed": %s, "mix_seed": %s, "mix": ["%s", "%s"], "training_length": %s, "wall_s": %s, "arm_wall_s": {"ruler_control": %s, "ruler_control_nomix": %s}}' \
+  "$SEED" "$MIX_SEED" "$(basename "$MIX")" "$(basename "$REPEAT")" "$SEQ" "$seconds" \
+  "${wall[ruler_control]}" "${wall[ruler_control_nomix]}")
 "$PY" -m longctx.experiments.ruler_report "$ROOT/outputs/train" --arm-by group --control ruler_control \
   --json "$OUT" --extra "$extra" \
   --note "positive control: tiny_long at $SEQ tokens with the long-range mix (ruler_control) and without it (ruler_control_nomix), train seed $SEED, mix seed $MIX_SEED, instance seed $INSTANCE_SEED; ${seconds} s wall"

@@ -157,6 +157,11 @@ def _arm(part: pd.DataFrame, arm: str, floor: float, n_boot: int, rng) -> dict:
         scores = own.groupby(["length", "task"])["correct"].mean().groupby("length").mean()
         per_seed[int(seed)] = effective_length(scores.to_dict(), floor).length
     by_task = part.groupby(["task", "length"])["correct"].mean().reset_index()
+    per_task = {
+        task: effective_length(dict(zip(rows_["length"], rows_["correct"], strict=True)),
+                               chance(task)).length
+        for task, rows_ in by_task.groupby("task")
+    }  # fmt: skip
     return {
         "arm": arm,
         "seeds": sorted(int(s) for s in part["seed_train"].unique()),
@@ -165,6 +170,7 @@ def _arm(part: pd.DataFrame, arm: str, floor: float, n_boot: int, rng) -> dict:
         "effective_length": found.length,
         "effective_length_rule": found.rule,
         "seed_effective_lengths": per_seed,
+        "task_effective_lengths": per_task,
         "tasks": by_task.rename(columns={"correct": "accuracy"}).to_dict("records"),
     }
 

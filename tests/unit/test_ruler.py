@@ -359,6 +359,7 @@ def test_the_sweep_report_pairs_arms_over_instances_and_seeds(tmp_path):
     arms = {a["arm"]: a for a in summary["arms"]}
     assert arms["mix"]["effective_length"] == 128 and arms["nomix"]["effective_length"] == 64
     assert arms["nomix"]["seed_effective_lengths"] == {0: 64, 1: 64}
+    assert arms["nomix"]["task_effective_lengths"] == {"copy": 64, "passkey": 64}
     assert arms["mix"]["seeds"] == [0, 1] and summary["instance_seed"] == 0
     (pair,) = summary["pairs"]
     by_length = {r["length"]: r for r in pair["by_length"]}

@@ -18,7 +18,7 @@ from longctx.eval.ruler.instances import (
 from longctx.eval.ruler.tasks import DIGITS, TASKS, Task, _TooShort
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-# the needle tasks a small model can learn from the synthesized mix, plus the harder RULER ones
+# every task, in the order of the tables
 TASK_NAMES = tuple(TASKS)
 
 
