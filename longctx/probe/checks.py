@@ -270,7 +270,7 @@ def _whole_rows(seen: PackedBatch, values_Bl: Tensor) -> Tensor:
     (UNSEEN where no rank holds one: only when the ranks are simulated in one process)."""
     b, row_len = seen.shape[0], seen.row_len
     rows = torch.full((b, row_len), UNSEEN, dtype=torch.int64, device=values_Bl.device)
-    rows[:, _local_index(seen)] = values_Bl.long()
+    rows.scatter_(1, _local_index(seen).to(rows.device), values_Bl.long())
     return _all_reduce(rows, dist.ReduceOp.MAX).cpu()
 
 
@@ -278,7 +278,8 @@ def _whole_rows(seen: PackedBatch, values_Bl: Tensor) -> Tensor:
 @dataclasses.dataclass
 class Outputs:
     """A forward's outputs on this rank's tokens: logits [B, l, V] (compute dtype), per-token
-    loss [B, l] (fp32) and the row positions [l] of the local tokens."""
+    loss [B, l] (fp32) and the row positions [B, l] of the local tokens (a context-parallel
+    plan may give each row's rank other positions)."""
 
     logits: Tensor
     loss: Tensor
@@ -295,7 +296,7 @@ def _run(target: Target, batch: PackedBatch) -> Outputs:
 def _local_index(seen: PackedBatch) -> Tensor:
     if isinstance(seen, ContextShard):
         return seen.global_index
-    return torch.arange(seen.shape[1], device=seen.tokens.device)
+    return torch.arange(seen.shape[1], device=seen.tokens.device).expand(seen.shape[0], -1)
 
 
 def _token_diff(a: Outputs, b: Outputs) -> tuple[Tensor, Tensor]:
@@ -358,7 +359,7 @@ def isolation(
     document of each row with its first token perturbed must move."""
     batch = probed.batch
     b, num_segments = batch.seq_lens.shape
-    doc_ids = batch.doc_ids[:, ref.index]
+    doc_ids = batch.doc_ids.gather(1, ref.index.to(batch.doc_ids.device))
     moved = torch.zeros(2, b, num_segments, num_segments, device=ref.loss.device)  # r, j, k
     for j in range(num_segments):
         spans = {r: probed.segments(r)[j] for r in range(b) if j < len(probed.segments(r))}
@@ -396,7 +397,7 @@ def _positive_control(target, probed: ProbeRows, ref: Outputs, seed: int) -> Ten
     diff_BL = _token_diff(outputs, ref)[0]
     for r, k in longest.items():
         start, end = probed.segments(r)[k]
-        later = (ref.index > start) & (ref.index < end)
+        later = (ref.index[r] > start) & (ref.index[r] < end)
         control[r] = diff_BL[r, later].max() if later.any() else 0.0
     return _all_reduce(control, dist.ReduceOp.MAX).cpu()
 
@@ -492,10 +493,10 @@ def equivalence(
             )
             with torch.no_grad(), target.context():
                 logits, loss = target.forward(alone)
-            local = (ref.index >= start) & (ref.index < end)
+            local = (ref.index[r] >= start) & (ref.index[r] < end)
             if not local.any():
                 continue
-            at = ref.index[local] - start
+            at = ref.index[r, local] - start
             d_logits = (ref.logits[r, local].float() - logits[0, at].float()).abs().max()
             d_loss = (ref.loss[r, local] - loss[0, at].float()).abs().max()
             diffs[:, r, k] = torch.stack([d_logits, d_loss])

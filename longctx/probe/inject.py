@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from longctx.batch import PackedBatch
-from longctx.distributed.context_parallel import ContextShard, context_chunks
+from longctx.distributed.context_parallel import ContextShard
 from longctx.probe.checks import ProbeRows
 
 ENV = "LONGCTX_PROBE_INJECT"
@@ -65,32 +65,45 @@ def rows_with_bug(rows: list[ProbeRows], bug: str | None) -> list[ProbeRows]:
 def one_segment(batch: PackedBatch) -> PackedBatch:
     """Every row one segment: attention causal over the whole row."""
     b, row_len = batch.shape[0], batch.row_len
-    if not isinstance(batch, ContextShard):
-        whole = torch.full((b, 1), row_len, dtype=torch.int32, device=batch.seq_lens.device)
-        return PackedBatch(batch.tokens, batch.labels, batch.position_ids, whole)
-    c = batch.chunk_len
-    chunks = context_chunks(batch.cp_rank, batch.cp_size, batch.cp_rounds)
     device = batch.seq_lens.device
-    pieces = torch.full((b, len(chunks)), c, dtype=torch.int32, device=device)
-    prefixes = torch.tensor([[g * c for g in chunks]] * b, dtype=torch.int32, device=device)
     whole = torch.full((b, 1), row_len, dtype=torch.int32, device=device)
+    if not isinstance(batch, ContextShard):
+        return PackedBatch(batch.tokens, batch.labels, batch.position_ids, whole)
+    runs = [_runs(row) for row in batch.global_index.tolist()]
+    width = max(len(r) for r in runs)
+    pieces = torch.zeros((b, width), dtype=torch.int32, device=device)
+    prefixes = torch.zeros((b, width), dtype=torch.int32, device=device)
+    for i, row in enumerate(runs):
+        for j, (_, length, start) in enumerate(row):
+            pieces[i, j], prefixes[i, j] = length, start  # the row so far precedes the piece
     return dataclasses.replace(batch, seq_lens=pieces, key_prefix_lens=prefixes, row_seq_lens=whole)
 
 
 def restart_at_chunk_edges(batch: PackedBatch) -> PackedBatch:
-    """Position ids restart at 0 at every chunk edge, for the run of positions that continues
-    from the chunk's first token (a document crossing the edge, or the whole chunk when
-    positions are continuous)."""
+    """Position ids restart at 0 at every edge of the rank's share (each run of consecutive
+    row positions), for the positions that continue from the run's first token (a document
+    crossing the edge, or the whole run when positions are continuous)."""
     if not isinstance(batch, ContextShard):
         return batch
-    c = batch.chunk_len
     positions = batch.position_ids.clone()
-    steps = torch.arange(c, device=positions.device)
-    for lo in range(0, positions.shape[1], c):
-        chunk = positions[:, lo : lo + c]
-        continues = ((chunk - chunk[:, :1]) == steps).long().cumprod(1).bool()
-        chunk -= chunk[:, :1] * continues
+    for i, row in enumerate(batch.global_index.tolist()):
+        for lo, length, _ in _runs(row):
+            run = positions[i, lo : lo + length]
+            steps = torch.arange(length, device=positions.device)
+            continues = ((run - run[:1]) == steps).long().cumprod(0).bool()
+            run -= run[:1] * continues
     return dataclasses.replace(batch, position_ids=positions)
+
+
+def _runs(global_index: list[int]) -> list[tuple[int, int, int]]:
+    """(local start, length, row position of the start) of each run of consecutive row
+    positions in a rank's share of a row."""
+    runs, lo = [], 0
+    for j in range(1, len(global_index) + 1):
+        if j == len(global_index) or global_index[j] != global_index[j - 1] + 1:
+            runs.append((lo, j - lo, global_index[lo]))
+            lo = j
+    return runs
 
 
 def _broken_labels(rows: ProbeRows, bug: str) -> ProbeRows:

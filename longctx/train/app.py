@@ -186,6 +186,7 @@ def build_module(cfg: DictConfig, model_config, eos_id: int, parallel):
         eos_id=eos_id,
         context_parallel=parallel.context_parallel,
         context_parallel_rounds=parallel.context_parallel_rounds,
+        context_parallel_balance=parallel.context_parallel_balance,
         allow_global_batch_change=cfg.optim.allow_global_batch_change,
         skip_nonfinite=cfg.optim.get("skip_nonfinite", 0),
     )

@@ -22,7 +22,13 @@ from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.data.streams import StreamBatch
-from longctx.distributed.context_parallel import context_parallel_group, context_shard, gather_row
+from longctx.distributed.context_parallel import (
+    ContextShard,
+    context_parallel_group,
+    context_shard,
+    gather_row,
+)
+from longctx.distributed.cp_balance import DEFAULT_BALANCE, PlanStats, context_parallel_metrics
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
 from longctx.model.interface import ModelSpec, PackedCausalLM
@@ -107,6 +113,7 @@ class LongCtxModule(L.LightningModule):
         eos_id: int | None = None,
         context_parallel: int = 1,
         context_parallel_rounds: int = 1,
+        context_parallel_balance: str = DEFAULT_BALANCE,
         allow_global_batch_change: bool = False,
         skip_nonfinite: int = 0,
     ) -> None:
@@ -133,6 +140,7 @@ class LongCtxModule(L.LightningModule):
         self.eos_id = eos_id
         self.context_parallel = context_parallel
         self.context_parallel_rounds = context_parallel_rounds
+        self.context_parallel_balance = context_parallel_balance
         self.cp_group = None  # set in setup() once the process group exists
         self.allow_global_batch_change = allow_global_batch_change
         self.nonfinite = NonFiniteGuard(skip_nonfinite)
@@ -156,7 +164,12 @@ class LongCtxModule(L.LightningModule):
             return batch
         rank = torch.distributed.get_rank(self.cp_group)
         return context_shard(
-            batch, rank, self.context_parallel, self.cp_group, self.context_parallel_rounds
+            batch,
+            rank,
+            self.context_parallel,
+            self.cp_group,
+            balance=self.context_parallel_balance,
+            rounds=self.context_parallel_rounds,
         )
 
     def configure_model(self) -> None:
@@ -260,9 +273,12 @@ class LongCtxModule(L.LightningModule):
             self._step_start = time.perf_counter()
         last_micro = self._micro + 1 == self.accumulate_grad_batches
         with self._maybe_no_sync(not last_micro):
-            loss_sum, num_tokens = self.model.loss(self._context_shard(batch))
+            shard = self._context_shard(batch)
+            loss_sum, num_tokens = self.model.loss(shard)
             self.manual_backward(loss_sum)
         self._accumulate(batch, loss_sum.detach(), num_tokens)
+        if isinstance(shard, ContextShard):
+            self._cp_plans.append(shard.plan)
         if last_micro:
             self._optimizer_step()
 
@@ -356,6 +372,7 @@ class LongCtxModule(L.LightningModule):
         if not math.isnan(efficiency):
             metrics["train/packing_efficiency"] = efficiency
             metrics["train/docs_per_row"] = docs_per_row
+        metrics.update(context_parallel_metrics(self._cp_plans))
         if self.peak_flops_per_device:
             metrics["train/mfu"] = self._flops / elapsed / self.peak_flops_per_device
         if self.nonfinite.skipped:
@@ -373,6 +390,7 @@ class LongCtxModule(L.LightningModule):
         self._num_input_tokens = 0
         self._flops = 0.0
         self._batch_stats: list[tuple[float, float]] = []
+        self._cp_plans: list[PlanStats] = []
         self._step_start = time.perf_counter()
 
     # -------------------------------------------------------------- validation
@@ -384,9 +402,7 @@ class LongCtxModule(L.LightningModule):
         shard = self._context_shard(batch)
         token_loss = self.model.token_loss(shard).detach()
         if shard is not batch:  # the rows' losses from the group; its first rank counts them
-            token_loss = gather_row(
-                token_loss, self.cp_group, self.context_parallel, self.context_parallel_rounds
-            )
+            token_loss = gather_row(token_loss, shard)
             if torch.distributed.get_rank(self.cp_group) != 0:
                 return
         self.val_position_loss.update(token_loss, batch)

@@ -48,7 +48,10 @@ def worker(rank: int, world: int, rounds: int, port: int) -> None:
     try:
         group = context_parallel_group(world)
         cp_rank = dist.get_rank(group)
-        shard = lambda batch: context_shard(batch, cp_rank, world, group, rounds)  # noqa: E731
+        balance = "rounds" if rounds > 1 else "head_tail"  # the layouts the messages name
+        shard = lambda batch: context_shard(  # noqa: E731
+            batch, cp_rank, world, group, balance=balance, rounds=rounds
+        )
         for backend in ("sdpa", "eager"):
             torch.manual_seed(0)
             config = LlamaConfig(

@@ -167,7 +167,7 @@ def test_positions_restarting_at_chunk_edges_are_named():
     """The position check on rank 0's context shard (no process group needed: it only reads
     position ids): positions that restart at a chunk edge are caught, the token named."""
     rows = make_rows(reset=True)
-    shard = context_shard(rows.batch, 0, 2)  # chunks [0, 24) and [72, 96)
+    shard = context_shard(rows.batch, 0, 2, balance="head_tail")  # chunks [0, 24) and [72, 96)
     assert positions(rows, shard, reset=True).verdict == "pass"
     broken = positions(rows, inject.restart_at_chunk_edges(shard), reset=True)
     assert broken.verdict == "fail"
@@ -175,7 +175,9 @@ def test_positions_restarting_at_chunk_edges_are_named():
     assert broken.where.startswith("row 0, document 4 (tokens 53:93)")
     assert "the first, at token 72, is 0, expected 19" in broken.where
     continuous = make_rows(reset=False)
-    shard = inject.restart_at_chunk_edges(context_shard(continuous.batch, 0, 2))
+    shard = inject.restart_at_chunk_edges(
+        context_shard(continuous.batch, 0, 2, balance="head_tail")
+    )
     assert "at token 72, is 0, expected 72" in positions(continuous, shard, reset=False).where
 
 
