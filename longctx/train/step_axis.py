@@ -30,6 +30,9 @@ def log_at_step(trainer: L.Trainer, metrics: dict[str, float], step: int) -> Non
         return
     for logger in trainer.loggers:
         logger.log_metrics(metrics, step=step)
+        # written now, as Lightning's own logging does: a crash (kill -9, OOM) between
+        # checkpoints must not lose the rows of the steps it did train
+        logger.save()
 
 
 def validate_at_optimizer_steps(trainer: L.Trainer, at_step_boundary: Callable[[], bool]) -> None:

@@ -251,9 +251,15 @@ class RecordingLogger(Logger):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[int, set[str]]] = []
+        self.unsaved = self.most_unsaved = 0  # rows not yet saved: a crash would lose them
 
     def log_metrics(self, metrics, step=None) -> None:
         self.calls.append((step, set(metrics)))
+        self.unsaved += 1
+        self.most_unsaved = max(self.most_unsaved, self.unsaved)
+
+    def save(self) -> None:
+        self.unsaved = 0
 
     def log_hyperparams(self, params, *args, **kwargs) -> None:
         pass
@@ -273,3 +279,4 @@ def test_loggers_get_one_row_per_optimizer_step_under_accumulation():
     trainer.fit(small_module(accumulate=2), train_dataloaders=loader)
     assert [step for step, names in logger.calls if "train/loss" in names] == [1, 2, 3]
     assert not [names for _, names in logger.calls if {"epoch", "step"} & names]
+    assert logger.most_unsaved == 1  # each row saved before the next step's
