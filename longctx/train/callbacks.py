@@ -55,6 +55,7 @@ class SaveOnSignal(L.Callback):
         self.requeued: str | None = None
         self.received: int | None = None
         self.saved_path: Path | None = None
+        self._previous: dict[int, object] = {}  # signal -> the handler before fit
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._install()
@@ -67,7 +68,17 @@ class SaveOnSignal(L.Callback):
 
     def _install(self) -> None:
         for signum in {*self.signals, *self.requeue_signals}:
-            signal.signal(signum, self._handle)
+            previous = signal.signal(signum, self._handle)
+            if previous != self._handle:  # installed twice: keep the handler from before fit
+                self._previous.setdefault(signum, previous)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # the process outlives the fit (a sweep, a notebook, a test): its later children must not
+        # inherit a handler that turns SIGTERM into "save at the next step" (a pool's terminate
+        # would wait on them forever)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
         if signum == signal.SIGINT and self.received == signal.SIGINT:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,11 @@ def test_a_dry_run_leaves_no_run_folder(tmp_path, capsys):
     report = run(compose(["dry_run=true", *SHORT], output_dir=run_dir))
     assert report["parameters"] > 0 and "capacity plan" in capsys.readouterr().out.lower()
     assert not run_dir.exists()
+
+
+def test_a_finished_fit_gives_the_process_its_signal_handlers_back(tmp_path):
+    """A sweep, a notebook or a test outlives the fit: a later fork (a data-prep pool) must
+    not inherit the handler that turns SIGTERM into a checkpoint request."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    run(compose(SHORT, output_dir=tmp_path / "run"))
+    assert {s: signal.getsignal(s) for s in before} == before
