@@ -45,6 +45,7 @@ import numpy as np
 from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, load_manifest, write_manifest
 from longctx.data.tokenizer import load_tokenizer
 from longctx.eval.ruler.generate import build_tokens, fill
+from longctx.eval.ruler.generate import check_tasks as ruler_check_tasks
 from longctx.eval.ruler.instances import Layout, RulerInputError, encode, resolve_haystack
 from longctx.eval.ruler.tasks import DIGITS, SPAN, TASKS, _cat, _keys, _needle, _number
 
@@ -91,16 +92,9 @@ DENSE = {"kv_recall": kv_recall, "copy": copy_dense, "repeat": repeat}
 
 
 def check_tasks(names: Sequence[str] | str) -> list[str]:
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
+    """The training tasks: the dense ones and the suite's (None is no task: refused)."""
     known = [*DENSE, *(t for t in TASKS if t not in DENSE)]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise RulerInputError(
-            f"unknown task ({', '.join(map(repr, unknown)) or 'none given'}); expected some of "
-            f"{', '.join(known)}"
-        )
-    return list(dict.fromkeys(names))
+    return ruler_check_tasks([] if names is None else names, known)
 
 
 # -------------------------------------------------------------------------- documents

@@ -11,6 +11,7 @@ from longctx import planner
 from longctx.distributed.layout import ParallelConfig
 from longctx.model.attention import resolve_backend
 from longctx.model.interface import ModelSpec
+from longctx.train.options import check_planner
 from longctx.train.preflight import ConfigError, available_memory_bytes, sharded_strategy
 
 PRECISIONS = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16"}
@@ -33,14 +34,15 @@ def dry_run_report(
     if not model_config.plans_capacity:
         print("capacity plan: covers longctx's Llama (model=tiny/llama3_*) only")
         return report
-    if cfg.planner.device:  # planning for named GPUs, maybe from a machine without them
+    settings = check_planner(cfg)
+    if settings.device:  # planning for named GPUs, maybe from a machine without them
         device = torch.device("cuda")
     try:
         capacity = planner.plan(
             model_config,
-            planner_layout(cfg, model_config, parallel, device),
-            planner_device(cfg, device),
-            mfu=cfg.planner.mfu,
+            planner_layout(cfg, settings, model_config, parallel, device),
+            planner_device(cfg, settings, device),
+            mfu=settings.mfu,
         )
     except planner.PlanError as err:
         raise ConfigError(str(err)) from err
@@ -49,7 +51,11 @@ def dry_run_report(
 
 
 def planner_layout(
-    cfg: DictConfig, model_config: ModelSpec, parallel: ParallelConfig, device: torch.device
+    cfg: DictConfig,
+    settings: planner.PlannerSettings,
+    model_config: ModelSpec,
+    parallel: ParallelConfig,
+    device: torch.device,
 ) -> planner.Layout:
     """The run's layout as the planner sees it (one document per row, the worst case, unless
     planner.doc_length_median states a distribution)."""
@@ -69,16 +75,15 @@ def planner_layout(
         attn_backend=resolve_backend(model_config.attn_backend, device),
         accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
         max_steps=cfg.trainer.max_steps,
-        doc_length_lognormal=doc_length_distribution(cfg.planner),
+        doc_length_lognormal=doc_length_distribution(settings),
     )
 
 
-def doc_length_distribution(planner_cfg: DictConfig) -> tuple[float, float] | None:
+def doc_length_distribution(settings: planner.PlannerSettings) -> tuple[float, float] | None:
     """planner.doc_length_median / doc_length_sigma as the planner's lognormal, if stated."""
-    median = planner_cfg.get("doc_length_median")
-    if median is None:
+    if settings.doc_length_median is None:
         return None
-    return float(median), float(planner_cfg.get("doc_length_sigma", 1.0))
+    return float(settings.doc_length_median), float(settings.doc_length_sigma)
 
 
 def planner_precision(trainer_cfg: DictConfig, fsdp: bool, device: torch.device) -> str:
@@ -94,13 +99,15 @@ def planner_precision(trainer_cfg: DictConfig, fsdp: bool, device: torch.device)
     return PRECISIONS[precision]
 
 
-def planner_device(cfg: DictConfig, device: torch.device) -> planner.Device:
+def planner_device(
+    cfg: DictConfig, settings: planner.PlannerSettings, device: torch.device
+) -> planner.Device:
     """planner.device names a known accelerator (else the visible GPU's name); the keys
     planner.device_memory_gb and peak_flops_per_device override or supply its numbers."""
-    memory_gb, peak = cfg.planner.get("device_memory_gb"), cfg.get("peak_flops_per_device")
+    memory_gb, peak = settings.device_memory_gb, cfg.get("peak_flops_per_device")
     bandwidths = {
-        "intra_node_bytes_per_s": cfg.planner.intra_node_gb_per_s * 1e9,
-        "inter_node_bytes_per_s": cfg.planner.inter_node_gb_per_s * 1e9,
+        "intra_node_bytes_per_s": settings.intra_node_gb_per_s * 1e9,
+        "inter_node_bytes_per_s": settings.inter_node_gb_per_s * 1e9,
     }
     if device.type == "cpu":
         memory = memory_gb * 1e9 if memory_gb else available_memory_bytes(device)
@@ -111,9 +118,7 @@ def planner_device(cfg: DictConfig, device: torch.device) -> planner.Device:
         return planner.Device(
             "cpu", int(memory), peak, rss, note, **bandwidths, heap_retention=retention
         )
-    name = cfg.planner.device or (
-        torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    )
+    name = settings.device or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
     if name is not None and (memory_gb is None or peak is None):
         known = planner.known_device(name)
         memory_gb = memory_gb or known.memory_bytes / 1e9

@@ -23,7 +23,12 @@ from longctx.model import Llama, LlamaConfig
 from longctx.train.app import run
 from longctx.train.init_from import InitFromError, load_init_weights, resolve
 from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStep
-from longctx.train.options import init_from_note, non_finite_options, unreached_stages
+from longctx.train.options import (
+    check_planner,
+    init_from_note,
+    non_finite_options,
+    unreached_stages,
+)
 from longctx.train.preflight import ConfigError
 
 
@@ -236,9 +241,11 @@ def test_the_cpu_plan_adds_the_retained_heap_of_train_py(tmp_path):
     with pytest.raises(planner.PlanError, match="heap_retention=nan"):
         dataclasses.replace(exact, heap_retention=float("nan"))
 
-    cpu = planner_device(compose(FAST, output_dir=tmp_path), torch.device("cpu"))
+    cfg = compose(FAST, output_dir=tmp_path)
+    cpu = planner_device(cfg, check_planner(cfg), torch.device("cpu"))
     assert cpu.heap_retention == planner.CPU_HEAP_RETENTION > 0
-    gpu = planner_device(compose([*FAST, "planner.device=H100"]), torch.device("cuda"))
+    cfg = compose([*FAST, "planner.device=H100"])
+    gpu = planner_device(cfg, check_planner(cfg), torch.device("cuda"))
     assert gpu.heap_retention == 0
 
 

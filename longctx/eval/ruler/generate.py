@@ -22,17 +22,17 @@ DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 TASK_NAMES = tuple(TASKS)
 
 
-def check_tasks(names: Sequence[str] | str | None) -> list[str]:
-    """Task names (a list or "a,b"), each known; None -> every task."""
+def check_tasks(names: Sequence[str] | str | None, known: Sequence[str] = TASK_NAMES) -> list[str]:
+    """Task names (a list or "a,b"), each one of ``known``; None -> all of them."""
     if names is None:
-        return list(TASK_NAMES)
+        return list(known)
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in names if n not in TASKS]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise RulerInputError(
             f"unknown task ({', '.join(map(repr, unknown)) or 'none given'}); expected some of "
-            f"{', '.join(TASK_NAMES)}"
+            f"{', '.join(known)}"
         )
     return list(dict.fromkeys(names))
 
