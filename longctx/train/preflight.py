@@ -61,7 +61,9 @@ def instantiate_config(group: str, node: DictConfig):
     try:
         return instantiate(node)
     except (InstantiationException, InterpolationResolutionError) as err:
-        raise ConfigError(f"{group}: {err}") from err
+        # the class's own refusal, without Hydra's wrapping ("Error in call to target ...")
+        refusal = err.__cause__ if isinstance(err.__cause__, ValueError) else err
+        raise ConfigError(f"{group}: {refusal}") from err
 
 
 def training_device(trainer_cfg: DictConfig) -> torch.device:
