@@ -112,6 +112,8 @@ def document(name: str, index: int, seed: int, tokenizer, lengths, haystack) -> 
     enc = lambda text: encode(tokenizer, text)  # noqa: E731
     if name in DENSE:
         layout = DENSE[name](rng, enc, length)
+        if layout.fixed_tokens > high:
+            raise RulerInputError(f"{name} does not fit --max-length {high}; raise it")
         length = max(length, layout.fixed_tokens)  # a short draw still holds one needle
         tokens, _, _ = fill(layout, name, tokenizer, length - 1, rng, haystack)
     else:
