@@ -1,4 +1,6 @@
-"""One error style for every command line: ``error: <what> (<value>); <what to do>``, exit 2.
+"""Command lines: one error style, and progress bars for long work.
+
+Errors: ``error: <what> (<value>); <what to do>``, exit 2.
 
 A user's mistake (a missing file, a bad value, a refused config) is one line on stderr, not a
 traceback: the message already names the value and what was expected. ``LONGCTX_DEBUG=1`` shows
@@ -13,6 +15,8 @@ import os
 import sys
 from collections.abc import Callable
 from typing import TypeVar
+
+from tqdm import tqdm
 
 # What a user's input can raise: longctx's own refusals subclass ValueError (or are a
 # FileExistsError / FileNotFoundError for paths); PermissionError for a folder they cannot write.
@@ -55,3 +59,25 @@ def command(
             raise  # unreachable: exit_on_user_error raises SystemExit
 
     return wrapped
+
+
+# Progress for long command-line work (export, prepare, convert): a tqdm bar with counts and
+# rates on a terminal, nothing when stdout is a file or a pipe (a log, CI, a test).
+def interactive() -> bool:
+    return sys.stdout.isatty()
+
+
+def bar(total: float | None, desc: str, unit: str = "it", disable: bool = False, **kwargs) -> tqdm:
+    """A bar on stdout; disabled (a no-op with the same methods) off a terminal."""
+    scale = unit == "B"
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=scale,
+        unit_divisor=1024 if scale else 1000,
+        file=sys.stdout,
+        disable=disable or not interactive(),
+        dynamic_ncols=True,
+        **kwargs,
+    )

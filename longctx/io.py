@@ -1,5 +1,8 @@
 """Atomic writes: a file appears whole or not at all, so a crash mid-write never leaves one
-that a reader (a resume, a shard reader) would trust."""
+that a reader (a resume, a shard reader) would trust. And the modes of what longctx writes
+for others to read (run folders, prepared data, exports): files 0644 and folders 0755 under
+the usual umask 022, the user's umask otherwise -- what ``open`` and ``mkdir`` give, where
+``mkstemp`` (0600), ``mkdtemp`` (0700) and safetensors (0600) give less."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     renamed over ``path`` (the rename made durable too); on an error, no file and no temp."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared cache or run folder must be readable
+    os.chmod(tmp, file_mode())  # mkstemp makes 0600; a shared cache or run folder must be readable
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -49,3 +52,42 @@ def remove_temp_files(folder: str | os.PathLike, stem: str = "") -> None:
     named ``stem*`` (one task's, while others write)."""
     for path in Path(folder).glob(f"{TEMP_PREFIX}{stem}*"):
         path.unlink(missing_ok=True)
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask can only
+    read by setting, which races with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode ``open`` gives a new file: 0666 less the umask (0644 under 022)."""
+    return 0o666 & ~umask()
+
+
+def folder_mode() -> int:
+    """The mode ``mkdir`` gives a new folder: 0777 less the umask (0755 under 022)."""
+    return 0o777 & ~umask()
+
+
+def make_readable(root: str | os.PathLike) -> None:
+    """Give ``root`` and everything under it the modes a plain ``open``/``mkdir`` would have:
+    for trees built through mkdtemp or by writers that make private files (safetensors)."""
+    root = Path(root)
+    files, folders = file_mode(), folder_mode()
+    os.chmod(root, folders)
+    for parent, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(os.path.join(parent, name), folders)
+        for name in filenames:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, files)

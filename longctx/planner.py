@@ -25,13 +25,24 @@ documents only) over peak x MFU, plus FSDP2's parameter traffic where it outlast
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import resource
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
+from longctx.distributed.cp_balance import (
+    DEFAULT_BALANCE,
+    check_balance,
+    plan_stats,
+    rank_unit,
+    row_owner,
+)
 from longctx.model.config import LlamaConfig
-from longctx.model.flops import estimate_flops
+from longctx.model.flops import estimate_flops, training_flops
 
 GIB = 2**30
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
@@ -46,10 +57,70 @@ INTER_NODE_BYTES_PER_S = 45e9
 DEFAULT_MFU = 0.40
 # fp32 weights (the optimizer's master copy), fp32 gradients, AdamW's two fp32 moments
 WEIGHT_BYTES, GRADIENT_BYTES, ADAMW_BYTES = 4, 4, 8
+# glibc's heap as train.py runs on CPU (longctx.train.cpu_memory.retain_freed_memory): freed
+# blocks stay mapped for the next step, and their fragments leave the heap larger than the
+# tensors alive at once. Measured on train.py's own path (the tiny model, micro-batch 1, peak RSS
+# against this plan; benchmarks/bench_train_rss.py, results/train_rss.json) the excess is 0.22-0.30
+# of the step tensors' peak after one step at 16k-64k, and grows over the first steps to 0.38
+# (32k) - 0.49 (16k), where it holds (8 and 30 steps at 16k agree): an allowance, not a model of
+# malloc, that keeps the plan within 12% of both
+CPU_HEAP_RETENTION = 0.40
 
 
 class PlanError(ValueError):
     """A planning input that is missing or cannot work; the message names the key to set."""
+
+
+def require_positive(name: str, value, setting: str) -> None:
+    """A finite positive number, or a PlanError naming the setting it comes from."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise PlanError(f"{setting}={value!r}: the {name}; expected a finite positive number")
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """The ``planner`` config group: what a dry run plans for (see conf/train.yaml)."""
+
+    device: str | None = None
+    device_memory_gb: float | None = None  # None: the visible GPU's, the table's or the host's
+    mfu: float = DEFAULT_MFU
+    intra_node_gb_per_s: float = INTRA_NODE_BYTES_PER_S / 1e9
+    inter_node_gb_per_s: float = INTER_NODE_BYTES_PER_S / 1e9
+    # a stated lognormal of document lengths (median tokens, sigma); None = one per row
+    doc_length_median: float | None = None
+    doc_length_sigma: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.device is not None and not isinstance(self.device, str):
+            raise PlanError(f"planner.device={self.device!r}; expected an accelerator name or null")
+        if self.device_memory_gb is not None:
+            require_positive(
+                "memory of one device", self.device_memory_gb, "planner.device_memory_gb"
+            )
+        require_positive("model FLOPs utilisation", self.mfu, "planner.mfu")
+        if self.mfu > 1:
+            raise PlanError(f"planner.mfu={self.mfu}; expected a fraction in (0, 1]")
+        for key in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
+            require_positive("collective bandwidth per GPU", getattr(self, key), f"planner.{key}")
+        if self.doc_length_median is not None:
+            require_positive(
+                "median document length", self.doc_length_median, "planner.doc_length_median"
+            )
+        require_positive(
+            "document length spread", self.doc_length_sigma, "planner.doc_length_sigma"
+        )
+
+    @classmethod
+    def from_dict(cls, settings: dict) -> PlannerSettings:
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise PlanError(
+                f"planner.{unknown[0]}: unknown planner setting{'s' if len(unknown) > 1 else ''} "
+                f"{unknown}; expected one of {known}"
+            )
+        return cls(**settings)
 
 
 @dataclass(frozen=True)
@@ -61,6 +132,22 @@ class Device:
     baseline_note: str
     intra_node_bytes_per_s: float = INTRA_NODE_BYTES_PER_S
     inter_node_bytes_per_s: float = INTER_NODE_BYTES_PER_S
+    # the allocator's excess over the tensors alive at once, as a fraction of their peak
+    # (CPU_HEAP_RETENTION for train.py on CPU; 0 where a caching allocator reuses exactly)
+    heap_retention: float = 0.0
+
+    def __post_init__(self) -> None:
+        require_positive("device memory", self.memory_bytes, "planner.device_memory_gb")
+        if not (math.isfinite(self.heap_retention) and self.heap_retention >= 0):
+            raise PlanError(f"heap_retention={self.heap_retention!r}; expected a fraction >= 0")
+        if self.peak_flops is not None:
+            require_positive("peak FLOP/s", self.peak_flops, "peak_flops_per_device")
+        for name, key in (
+            ("intra_node_bytes_per_s", "intra_node_gb_per_s"),
+            ("inter_node_bytes_per_s", "inter_node_gb_per_s"),
+        ):
+            setting = f"{name} (planner.{key} x 1e9)"
+            require_positive("collective bandwidth per GPU", getattr(self, name), setting)
 
 
 @dataclass(frozen=True)
@@ -73,6 +160,7 @@ class Layout:
     devices: int = 1  # per node
     context_parallel: int = 1
     context_parallel_rounds: int = 1
+    context_parallel_balance: str = DEFAULT_BALANCE
     fsdp: bool = False  # FSDP2 over the world; otherwise replicated (DDP / one process)
     precision: str = "fp32"  # fp32 | bf16-mixed (autocast, fp32 residual) | bf16 (FSDP2 bf16)
     activation_checkpointing: bool = False
@@ -81,6 +169,9 @@ class Layout:
     max_steps: int = 1
     # a row's document lengths (cycled to fill a row); empty = one document per row (worst case)
     doc_lengths: tuple[int, ...] = ()
+    # a stated length distribution instead: lognormal (median, sigma) documents packed into
+    # rows in order, the last one cut at the row's end (rows are sampled: LENGTH_SAMPLE_ROWS)
+    doc_length_lognormal: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -88,6 +179,17 @@ class Layout:
         for name in ("seq_len", "micro_batch_size", "num_nodes", "devices", "context_parallel"):
             if getattr(self, name) < 1:
                 raise PlanError(f"{name}={getattr(self, name)}; expected >= 1")
+        try:
+            check_balance(self.context_parallel_balance, self.context_parallel_rounds)
+        except ValueError as err:
+            raise PlanError(str(err)) from err
+        if self.doc_length_lognormal is not None:
+            median, sigma = self.doc_length_lognormal
+            if not (median >= 1 and 0 <= sigma < 10):  # also refuses NaN
+                raise PlanError(
+                    f"doc_length_lognormal=({median}, {sigma}); expected a median >= 1 token "
+                    "and 0 <= sigma < 10"
+                )
 
     @property
     def world(self) -> int:
@@ -135,6 +237,7 @@ class StepTime:
     tokens_per_s_per_gpu: float
     wall_s: float  # max_steps steps
     documents: str
+    cp_work_imbalance: float = 1.0  # expected max / mean attention work over the CP ranks
 
 
 @dataclass(frozen=True)
@@ -151,10 +254,7 @@ class Plan:
     @property
     def total_bytes(self) -> int:
         """Held terms plus the largest phase's transient terms: the peak."""
-        held = sum(t.bytes for t in self.terms if not t.phases)
-        phases = {p for t in self.terms for p in t.phases}
-        peaks = [sum(t.bytes for t in self.terms if p in t.phases) for p in phases]
-        return held + max(peaks, default=0)
+        return peak_bytes(self.terms)
 
     @property
     def fits(self) -> bool:
@@ -163,6 +263,13 @@ class Plan:
     @property
     def largest(self) -> Term:
         return max(self.terms, key=lambda t: t.bytes)
+
+
+def peak_bytes(terms) -> int:
+    """Held terms plus the largest backward phase's transient terms."""
+    held = sum(t.bytes for t in terms if not t.phases)
+    phases = {p for t in terms for p in t.phases}
+    return held + max((sum(t.bytes for t in terms if p in t.phases) for p in phases), default=0)
 
 
 # --------------------------------------------------------------------------- memory terms
@@ -267,7 +374,10 @@ def loss_bytes(config: LlamaConfig, layout: Layout) -> int:
 def gathered_kv_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
     """Context parallelism: the gradient of the whole rows' K and V of one block, and, kept per
     block for backward, the key spans the local queries need: all of the row for flex and
-    eager; for sdpa/flash the documents that cross into this rank's 2 x rounds chunks.
+    eager; for sdpa/flash the documents that cross into this rank's 2 x rounds chunks. Under
+    the documents balancer the kept spans are the split documents', estimated the same way as
+    one round (on bench_cp's rows at 32k the rank keeping the most holds 0.97x of the estimate
+    at 2 ranks, 1.3x at 8).
 
     The gathered rows themselves are not saved (the all-gather and the span selection keep no
     input for backward): they live inside the attention's forward. Their gradient is built in
@@ -292,8 +402,21 @@ def gathered_kv_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
 
 def size_biased_mean(layout: Layout) -> float:
     """Mean length of the document a random token sits in (sum n^2 / sum n)."""
-    lens = row_lengths(layout)
-    return sum(n * n for n in lens) / sum(lens)
+    lens = np.concatenate(layout_rows(layout))
+    return float((lens.astype(np.float64) ** 2).sum() / lens.sum())
+
+
+@functools.cache
+def layout_rows(layout: Layout) -> tuple[np.ndarray, ...]:
+    """The rows the plan is computed for: the one that ``doc_lengths`` gives, or
+    LENGTH_SAMPLE_ROWS drawn (seeded) from ``doc_length_lognormal``."""
+    if layout.doc_length_lognormal is None:
+        return (np.array(row_lengths(layout), dtype=np.int64),)
+    rng = np.random.default_rng(0)
+    median, sigma = layout.doc_length_lognormal
+    return tuple(
+        lognormal_row(layout.seq_len, median, sigma, rng) for _ in range(LENGTH_SAMPLE_ROWS)
+    )
 
 
 def row_lengths(layout: Layout) -> list[int]:
@@ -344,7 +467,29 @@ def root_params(config: LlamaConfig) -> int:
 
 
 def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Term]:
-    terms = parameter_terms(config, layout) + activation_terms(config, layout)
+    parameters = parameter_terms(config, layout)
+    terms = step_tensor_terms(config, layout)
+    retained = retained_heap_term(terms, device)
+    runtime = Term("runtime baseline", device.baseline_bytes, device.baseline_note)
+    return parameters + terms + ([retained] if retained else []) + [runtime]
+
+
+def retained_heap_term(step_terms: list[Term], device: Device) -> Term | None:
+    """The allocator's excess over a step's tensors: ``heap_retention`` x their peak, held
+    (the heap keeps it for the rest of the run)."""
+    if not device.heap_retention:
+        return None
+    return Term(
+        "retained heap (glibc, freed blocks kept)",
+        int(device.heap_retention * peak_bytes(step_terms)),
+        f"{device.heap_retention:.2f} x the step tensors' peak, measured on train.py",
+    )
+
+
+def step_tensor_terms(config: LlamaConfig, layout: Layout) -> list[Term]:
+    """What one step allocates beyond the parameters and optimizer state: activations, the
+    backward working sets, the loss buffers, eager's mask and context parallelism's K/V."""
+    terms = activation_terms(config, layout)
     terms += [
         Term(
             "feed-forward backward working set",
@@ -369,9 +514,7 @@ def memory_terms(config: LlamaConfig, layout: Layout, device: Device) -> list[Te
     if layout.attn_backend == "eager":
         mask = layout.tokens_per_rank * layout.seq_len  # [B, L/CP, L] bool
         terms.append(Term("dense L x L mask (eager)", mask, "bool"))
-    terms += gathered_kv_terms(config, layout)
-    terms.append(Term("runtime baseline", device.baseline_bytes, device.baseline_note))
-    return terms
+    return terms + gathered_kv_terms(config, layout)
 
 
 # --------------------------------------------------------------------------- step time
@@ -383,8 +526,14 @@ def step_time(config: LlamaConfig, layout: Layout, device: Device, mfu: float) -
         )
     if not 0 < mfu <= 1:
         raise PlanError(f"planner.mfu={mfu}; expected a fraction in (0, 1]")
-    lens = row_lengths(layout)
-    row_flops = estimate_flops(config, torch.tensor([lens], dtype=torch.int64))
+    rows = layout_rows(layout)
+    lens = pad_sequence([torch.from_numpy(r) for r in rows], batch_first=True)
+    row_flops = estimate_flops(config, lens) / len(rows)
+    # every layer's all-gather waits for the rank with the most attention work
+    imbalance = expected_cp_work_imbalance(layout).mean if layout.context_parallel > 1 else 1.0
+    c = config
+    attention = training_flops(0, c.head_dim, c.n_heads, c.n_layers, lens) / len(rows)
+    row_flops += (imbalance - 1) * attention
     micro = layout.micro_batch_size * row_flops / layout.context_parallel
     flops = micro * layout.accumulate_grad_batches
     compute_s = flops / (device.peak_flops * mfu)
@@ -394,15 +543,64 @@ def step_time(config: LlamaConfig, layout: Layout, device: Device, mfu: float) -
     step_s = max(compute_s, fsdp_s) + kv_s  # FSDP2 prefetches (overlaps); the K/V gather blocks
     tokens = layout.micro_batch_size * layout.seq_len * layout.accumulate_grad_batches
     tokens_per_gpu = tokens / layout.context_parallel / step_s
-    documents = (
-        "one document per row (worst case)"
-        if not layout.doc_lengths
-        else f"{len(lens)} documents per row (size-biased mean {size_biased_mean(layout):,.0f})"
-    )
     return StepTime(
         flops, device.peak_flops, mfu, compute_s, fsdp_bytes, fsdp_s, kv_bytes, kv_s, step_s,
-        tokens_per_gpu, step_s * layout.max_steps, documents,
+        tokens_per_gpu, step_s * layout.max_steps, documents_note(layout), imbalance,
     )  # fmt: skip
+
+
+def documents_note(layout: Layout) -> str:
+    if layout.doc_length_lognormal is not None:
+        median, sigma = layout.doc_length_lognormal
+        return f"lognormal documents, median {median:,.0f}, sigma {sigma}"
+    if not layout.doc_lengths:
+        return "one document per row (worst case)"
+    n = len(layout_rows(layout)[0])
+    return f"{n} documents per row (size-biased mean {size_biased_mean(layout):,.0f})"
+
+
+# --------------------------------------------------------------------------- CP balance
+LENGTH_SAMPLE_ROWS = 128  # rows sampled from a stated length distribution (seeded)
+
+
+@dataclass(frozen=True)
+class CpBalance:
+    """Expected work imbalance (max / mean over the ranks of in-document causal pairs, what
+    training logs as train/cp_work_imbalance) over rows, and pieces of split documents per
+    rank, of the layout's balancer: its own plans of the layout's rows."""
+
+    mean: float
+    worst: float
+    pieces_per_rank: float
+    rows: int
+
+
+@functools.cache
+def expected_cp_work_imbalance(layout: Layout) -> CpBalance:
+    """The balancer's plans of the layout's rows (:func:`layout_rows`): pure arithmetic on
+    lengths, the same code that shards the rows in training."""
+    size, balance = layout.context_parallel, layout.context_parallel_balance
+    rounds = layout.context_parallel_rounds
+    if layout.seq_len % rank_unit(size, balance, rounds):
+        raise PlanError(
+            f"seq_len={layout.seq_len} does not split over context_parallel={size} with "
+            f"context_parallel_balance={balance} (a multiple of {rank_unit(size, balance, rounds)})"
+        )
+    rows = layout_rows(layout)
+    stats = [plan_stats([r], [row_owner(r, size, balance, rounds)], size) for r in rows]
+    imbalance = [s.work_imbalance for s in stats]
+    pieces = sum(s.pieces_per_rank for s in stats) / len(stats)
+    return CpBalance(sum(imbalance) / len(imbalance), max(imbalance), pieces, len(rows))
+
+
+def lognormal_row(length: int, median: float, sigma: float, rng) -> np.ndarray:
+    """One row of documents of lognormal lengths (at least 1 token), the last cut to fit."""
+    lens, total = [], 0
+    while total < length:
+        n = max(1, min(int(median * math.exp(sigma * rng.standard_normal())), length - total))
+        lens.append(n)
+        total += n
+    return np.array(lens, dtype=np.int64)
 
 
 def fsdp_traffic(config: LlamaConfig, layout: Layout) -> float:
@@ -473,7 +671,10 @@ def candidates(layout: Layout) -> list[Layout]:
     for checkpointing in dict.fromkeys((layout.activation_checkpointing, True)):
         for mbs in range(layout.micro_batch_size, 0, -1):
             for cp in powers_of_two_from(layout.context_parallel):
-                if layout.seq_len % (2 * cp * layout.context_parallel_rounds):
+                unit = rank_unit(
+                    cp, layout.context_parallel_balance, layout.context_parallel_rounds
+                )
+                if layout.seq_len % unit:
                     continue  # the existing preflight refuses a row that does not split evenly
                 for nodes in powers_of_two_from(layout.num_nodes, 4096):
                     if nodes * layout.devices % cp:
@@ -572,6 +773,12 @@ def format_plan(plan: Plan) -> str:
             f"  step {s.step_s:.3f} s, {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
             f"{lay.max_steps} steps in {s.wall_s / 3600:,.2f} h",
         ]
+        if lay.context_parallel > 1:
+            lines.append(
+                f"  context parallel balance={lay.context_parallel_balance}: expected attention "
+                f"work imbalance {s.cp_work_imbalance:.3f} (max / mean over ranks; counted in "
+                "the step time: the ranks wait for the slowest at every layer)"
+            )
     lines += [f"  {n}" for n in plan.notes]
     return "\n".join(lines)
 

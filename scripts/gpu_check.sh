@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One prepared GPU check, for the day a CUDA machine is lent (one call, under 8 minutes):
+# One prepared GPU check, for the day a CUDA machine is lent (one call, under 10 minutes where vLLM is absent):
 #   1. print the environment (torch, GPU, flash-attn / torch varlen availability);
 #   2. run the gpu-marked tests (tests/gpu/test_attention_gpu.py, and any other *_gpu.py module);
-#   3. run benchmarks/gpu_bench.py (attention backends at 8k/32k, 2-layer 8B-shape train step).
+#   3. run the leak probe on flash, flex and sdpa in fp32 and bf16 (longctx.probe.backends: a
+#      backend this machine lacks, e.g. flash without a varlen kernel, is listed as skipped);
+#   4. serve a small export with vLLM when it is importable (scripts/vllm_export_check.py);
+#   5. run benchmarks/gpu_bench.py (attention backends at 8k/32k, 2-layer 8B-shape train step).
 # Installs nothing: the repo is put on PYTHONPATH (the GPU machine has no network, and pip's
 # isolated editable build would need to fetch setuptools). Results and logs go to $OUT if set,
 # else benchmarks/results/gpu/; the benchmark table is printed last.
@@ -23,8 +26,11 @@ fi
 BENCH_ARGS=()
 TEST_TIMEOUT=250   # flex compiles once per test shape (~20-60 s each)
 BENCH_TIMEOUT=180  # SIGINT at the limit: gpu_bench prints the stages that finished
+PROBE_ARGS=(--backends flash,sdpa,flex --seq-len 1024)
+PROBE_TIMEOUT=110  # flex compiles once per shape (the row and each document length)
 if [ "${1:-}" = "--cpu-smoke" ]; then
     BENCH_ARGS=(--cpu-smoke)
+    PROBE_ARGS=(--device cpu --backends sdpa,flex,eager --seq-len 512)
     TEST_TIMEOUT=120
     BENCH_TIMEOUT=240
 fi
@@ -59,10 +65,23 @@ TEST_RC=${PIPESTATUS[0]}
 [ "$TEST_RC" = 124 ] && echo "gpu tests: TIMED OUT after ${TEST_TIMEOUT}s"
 echo "gpu tests rc=$TEST_RC (0 = passed; see $RESULTS/gpu_tests.log)"
 
+echo "== leak probe"
+timeout "$PROBE_TIMEOUT" "$PY" -m longctx.probe.backends "${PROBE_ARGS[@]}" --out "$RESULTS" \
+    2>&1 | tee "$RESULTS/leak_probe.log"
+PROBE_RC=${PIPESTATUS[0]}
+[ "$PROBE_RC" = 124 ] && echo "leak probe: TIMED OUT after ${PROBE_TIMEOUT}s"
+echo "leak probe rc=$PROBE_RC (0 = every probed backend passed; see $RESULTS/backends.json)"
+
+echo "== vllm on an export (only where vllm is importable)"
+# a small export served by vLLM: its derived max_model_len and greedy tokens vs transformers'
+timeout 300 "$PY" scripts/vllm_export_check.py "$RESULTS/vllm" 2>&1 | tee "$RESULTS/vllm_check.log"
+VLLM_RC=${PIPESTATUS[0]}
+echo "vllm check rc=$VLLM_RC (0 = passed or skipped; see $RESULTS/vllm_check.log)"
+
 echo "== gpu benchmark"
 timeout -s INT -k 30 "$BENCH_TIMEOUT" "$PY" benchmarks/gpu_bench.py "${BENCH_ARGS[@]}" \
     2>&1 | tee "$RESULTS/gpu_bench.log"
 BENCH_RC=${PIPESTATUS[0]}
 [ "$BENCH_RC" = 124 ] && echo "gpu benchmark: TIMED OUT after ${BENCH_TIMEOUT}s"
-# the benchmark's table is the last thing printed; the exit status carries both results
-[ "$TEST_RC" = 0 ] && [ "$BENCH_RC" = 0 ]
+# the benchmark's table is the last thing printed; the exit status carries every step's result
+[ "$TEST_RC" = 0 ] && [ "$PROBE_RC" = 0 ] && [ "$VLLM_RC" = 0 ] && [ "$BENCH_RC" = 0 ]

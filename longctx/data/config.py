@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 
@@ -104,10 +105,11 @@ class DataConfig:
                 f"{count} weights, one per shard folder",
             )
             _require(
-                all(w >= 0 for w in self.weights) and sum(self.weights) > 0,
+                all(_is_number(w) and math.isfinite(w) and w >= 0 for w in self.weights)
+                and sum(self.weights) > 0,
                 "weights",
                 self.weights,
-                "non-negative weights with a positive sum",
+                "finite non-negative weights with a positive sum",
             )
 
     @property
@@ -153,6 +155,10 @@ def _stages(stages: Any) -> list[Stage] | None:
             )
         out.append(stage)
     return out or None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _require(ok: bool, name: str, value, expected: str) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longctx.cli import command
+from longctx.cli import bar, command
 from longctx.data.prepare import DEFAULT_SHARD_TOKENS, claim_output_folder, existing_manifest
 from longctx.data.shards import (
     FORMAT_VERSION,
@@ -128,8 +128,10 @@ def _copy(source, out, vocab, dtype, source_sha, val_fraction, shard_tokens):
     writers = {s: SplitWriter(out, f"{s}-00000", dtype, shard_tokens) for s in ("train", "val")}
     digests = {s: hashlib.sha256() for s in ("train", "val")}
     skipped = read = 0
+    progress = bar(source.declared_tokens, "convert", unit="tok")
     for number, doc in enumerate(source.documents()):
         read += len(doc)
+        progress.update(len(doc))
         if len(doc) == 0:
             skipped += 1
             continue
@@ -142,10 +144,25 @@ def _copy(source, out, vocab, dtype, source_sha, val_fraction, shard_tokens):
             f"{source.files[0]}: the source declares {source.declared_tokens} tokens, its "
             f"documents hold {read}; the index disagrees with the token file"
         )
+    progress.close()
     splits = {name: w.close() for name, w in writers.items()}
     if not any(s.documents for s in splits.values()):
         raise ValueError(f"{source.files[0]} holds no non-empty documents")
+    check_val_split(splits, val_fraction, source.files[0])
     return splits, digests, skipped
+
+
+def check_val_split(splits: dict, val_fraction: float, where: Path) -> None:
+    """A requested validation split that came out empty is refused (training would find no
+    validation rows): a small corpus at the default 1% often draws none."""
+    val, total = splits["val"].documents, splits["train"].documents + splits["val"].documents
+    if val_fraction == 0 or val > 0:
+        return
+    raise ValueError(
+        f"{where}: --val-fraction {val_fraction} put 0 of its {total} documents in the "
+        f"validation split; pass a larger --val-fraction (about {min(0.5, 3 / total):.2g} "
+        "expects 3 of them), or --val-fraction 0 for no validation split"
+    )
 
 
 def _check_ids(doc: np.ndarray, vocab_size: int, source: TokenSource, number: int) -> None:
@@ -460,6 +477,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"{name}: {split.documents} documents, {split.tokens} tokens, {len(split.shards)} shards"
         )
+    print(f"wrote {args.out}")
+    print(f"next: python train.py data=shards data.shards={args.out}")
 
 
 cli = command(main)  # the console script and python -m: one-line errors, exit 2

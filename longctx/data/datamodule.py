@@ -371,6 +371,8 @@ class LongCtxDataModule(L.LightningDataModule):
         check_state_version(state)
         mine, saved = self._fingerprint(), state["fingerprint"]
         changed = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
+        if set(changed) == {"stage_starts"}:
+            raise ValueError(stage_starts_moved(saved, self.schedule().starts))
         if changed:
             hint = (
                 f"; data.num_streams=null follows num_workers: set data.num_streams="
@@ -378,9 +380,10 @@ class LongCtxDataModule(L.LightningDataModule):
                 if "num_streams" in changed and self.config.num_streams is None
                 else ""
             )
+            listed = "; ".join(f"data.{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise ValueError(
                 f"cannot resume the data stream exactly: settings changed since the "
-                f"checkpoint (saved, now): {changed}{hint}"
+                f"checkpoint (saved -> now): {listed}{hint}"
             )
         self._progress.micro_batches = self.schedule().micro_batches_for(
             int(state["rows_consumed"])
@@ -419,6 +422,20 @@ class LongCtxDataModule(L.LightningDataModule):
     def _load_manifests(self) -> list[Manifest]:
         self._open()
         return self._manifests
+
+
+def stage_starts_moved(saved: dict, starts: list[int]) -> str:
+    """Why a stages run cannot resume with another micro-batches-per-step (ranks x
+    accumulation): its stage boundaries, counted in micro-batches, would fall on other rows."""
+    until = saved["stages"][0]["until_step"]
+    before, now = saved["stage_starts"][1] // until, starts[1] // until
+    return (
+        f"cannot resume this data.stages run with {now} micro-batches per optimizer step "
+        f"(data-parallel ranks x optim.accumulate_grad_batches); the checkpoint was written "
+        f"with {before}, and its stages change at those micro-batches "
+        f"({saved['stage_starts'][1:]}, here {starts[1:]}). Resume with ranks x accumulation = "
+        f"{before} (e.g. the same trainer.devices and optim.accumulate_grad_batches)"
+    )
 
 
 def _check_same_tokenizer(folders: list[Path], manifests: list[Manifest]) -> None:

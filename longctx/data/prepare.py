@@ -21,16 +21,18 @@ left no manifest; rerunning it redoes only the tasks that did not finish.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from longctx.cli import USER_ERRORS, command
+from longctx.cli import USER_ERRORS, bar, command
 from longctx.data.pipeline import (
     PrepareTaskFailed,
     ReadDocuments,
@@ -54,7 +56,7 @@ from longctx.data.shards import (
     shard_files_intact,
     write_manifest,
 )
-from longctx.data.sources import Source, describe_source, expand_inputs
+from longctx.data.sources import Source, describe_source, expand_inputs, task_range
 from longctx.data.tokenizer import Tokenizer, load_tokenizer
 from longctx.io import atomic_write_bytes
 
@@ -105,10 +107,11 @@ def prepare(
         TokenizeDocuments(tok, val_fraction, dtype),
         WriteShards(out, work / "results", dtype, shard_tokens),
     ]
-    if executor == "slurm":
-        run_slurm(pipeline, tasks, work / "datatrove", slurm)
-    else:
-        run_local(pipeline, tasks, workers, work / "datatrove", quiet=not progress)
+    with task_progress(sources, tasks, work / "results", enabled=progress) as shown:
+        if executor == "slurm":
+            run_slurm(pipeline, tasks, work / "datatrove", slurm)
+        else:  # the bar replaces datatrove's console log (its task logs stay in their files)
+            run_local(pipeline, tasks, workers, work / "datatrove", quiet=shown or not progress)
     results = [TaskResult.load(result_path(work / "results", k)) for k in range(tasks)]
     manifest = Manifest(
         input_hash=input_hash,
@@ -132,6 +135,41 @@ def prepare(
     write_manifest(out, manifest)
     _remove_unlisted_shards(out, manifest)
     return manifest
+
+
+@contextlib.contextmanager
+def task_progress(sources: list[Source], tasks: int, results: Path, enabled: bool):
+    """A bar over the input bytes of the tasks that finished (each writes its result file
+    last), on a terminal only; yields whether it is shown."""
+    total = sum(s.bytes for s in sources)
+    progress = bar(total, "prepare", unit="B", disable=not enabled)
+    if progress.disable:
+        yield False
+        return
+    ranges = [task_range(sources, k, tasks) for k in range(tasks)]
+    spans = [min(hi, total) - lo for lo, hi in ranges]  # the last range ends one past the end
+    stop, done = threading.Event(), set()
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            _count_finished(tasks, results, spans, done, progress)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield True
+    finally:
+        stop.set()
+        watcher.join()
+        _count_finished(tasks, results, spans, done, progress)
+        progress.close()
+
+
+def _count_finished(tasks: int, results: Path, spans: list[int], done: set, progress) -> None:
+    for k in range(tasks):
+        if k not in done and result_path(results, k).is_file():
+            done.add(k)
+            progress.update(spans[k])
 
 
 def _remove_unlisted_shards(out: Path, manifest: Manifest) -> None:
@@ -273,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{name}: {split.documents} documents, {split.tokens} tokens, "
             f"{len(split.shards)} shards ({manifest.dtype})"
         )
+    print(f"wrote {args.out}")
+    print(f"next: python train.py data=shards data.shards={args.out}")
 
 
 cli = command(

@@ -183,6 +183,9 @@ def _read_parquet(path: Path, sha256: str, start: int, end: int) -> Iterator[tup
     names = parquet.schema_arrow.names
     if "text" not in names:
         raise ValueError(f"{path} has columns {names}; expected a 'text' column")
+    kind = parquet.schema_arrow.field("text").type
+    if not _is_string_type(kind):
+        raise ValueError(f"{path}: column 'text' has type {kind}; expected a string column")
     columns = ["text"] + (["id"] if "id" in names else [])
     groups, size = parquet.metadata.num_row_groups, path.stat().st_size
     row = 0
@@ -192,6 +195,13 @@ def _read_parquet(path: Path, sha256: str, start: int, end: int) -> Iterator[tup
             table = parquet.read_row_group(g, columns=columns)
             yield from _parquet_rows(table, columns, path, sha256, row)
         row += rows
+
+
+def _is_string_type(kind) -> bool:
+    import pyarrow as pa
+
+    string_view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow >= 16
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or string_view(kind)
 
 
 def _parquet_rows(table, columns, path, sha256, first_row) -> Iterator[tuple[str, str]]:

@@ -27,7 +27,10 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes 0..255 plus pad, bos and eos: 259 ids, so it fits the `tiny` preset (512)."""
+    """UTF-8 bytes 0..255 plus pad, bos and eos: 259 ids, so it fits the `tiny` preset (512).
+
+    Every text is its UTF-8 bytes, a literal ``<s>`` included: the special ids 256-258 are
+    reachable only by id."""
 
     PAD, BOS, EOS = 256, 257, 258
 
@@ -57,7 +60,15 @@ class HFTokenizer:
 
     EOS comes from tokenizer_config.json's ``eos_token`` (or a common EOS name); pad is the
     config's ``pad_token`` or, when there is none, EOS (pad positions never carry loss).
+
+    A special token's text inside a document is text: ``encode`` never turns a literal
+    ``</s>`` into the EOS id (which would end the document where the text merely quotes it),
+    and adds no specials around the text. Special ids come only from the pipeline (the EOS
+    prepare appends) -- the convention of the byte tokenizer, whose bytes are always bytes.
     """
+
+    # in the spec: a folder prepared before this rule may hold other ids for the same text
+    SPECIALS_IN_TEXT = "text"
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder).expanduser().resolve()
@@ -67,6 +78,7 @@ class HFTokenizer:
                 "folder with a tokenizer.json (nothing is downloaded)"
             )
         self._tok = _load_fast_tokenizer(self.folder)
+        self._tok.encode_special_tokens = True  # not stored in tokenizer.json: set on each load
         config = _read_tokenizer_config(self.folder)
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self.eos_id = self._special_id(config.get("eos_token"), _EOS_CANDIDATES, "EOS")
@@ -98,6 +110,7 @@ class HFTokenizer:
             "path": str(self.folder),
             "sha256": _folder_sha256(self.folder),
             "vocab_size": self.vocab_size,
+            "specials_in_text": self.SPECIALS_IN_TEXT,
         }
 
     def __getstate__(self):  # worker processes reload from the folder

@@ -1,23 +1,25 @@
 """Context parallelism: one packed row split over N ranks, documents masked exactly.
 
-Each rank holds chunks r and 2N-1-r of every row, or of every one of k segments of the row with
-k rounds (:func:`context_shard`). Attention is
-the all-gather design of the Llama 3 paper: every layer gathers the whole row's K and V from the
-group (cheap with GQA: only the Hkv heads travel) and the rank's own queries attend to them under
-the document mask. The gather's backward is a reduce-scatter: each rank receives the K/V gradient
-of its own tokens summed over every rank's queries.
+Which rank holds which tokens is a balancer's plan (:mod:`longctx.distributed.cp_balance`:
+``head_tail``, ``rounds`` or ``documents``); every rank holds L/N tokens of each row, in row
+order, with their labels and position ids. Attention is the all-gather design of the Llama 3
+paper: every layer gathers the whole row's K and V from the group (cheap with GQA: only the
+Hkv heads travel) and the rank's own queries attend to them under the document mask. The
+gather's backward is a reduce-scatter: each rank receives the K/V gradient of its own tokens
+summed over every rank's queries.
 
-What a local query sees: the keys of its own piece (causal) and, when its document began on an
-earlier chunk, the ``key_prefix_lens`` keys before the piece. Per backend:
+The local tokens are cut into *pieces*: runs of consecutive row positions inside one segment.
+A piece's queries see the keys of their segment up to themselves: the piece itself (causal)
+and the ``key_prefix_lens`` tokens of the segment before it, wherever they live. Per backend:
 
-- ``sdpa``: the shard's pieces run through the usual per-document plan on the *local* K/V (exact
-  for every piece whose document starts in the chunk); the at most 2k pieces per row whose
-  document started earlier (one per chunk, at its first token) are then recomputed against the
-  gathered keys with a lower-right causal mask (in query blocks under checkpoint, so no mask
-  outlives its block) and spliced in.
+- ``sdpa``: the shard's pieces run through the usual per-document plan on the *local* K/V
+  (exact for every piece that starts its segment: a whole document, a split one's head); the
+  pieces with a key prefix are then recomputed against the gathered keys with a lower-right
+  causal mask (in query blocks under checkpoint, so no mask outlives its block) and spliced in.
 - ``flash``: varlen with separate query and key cu_seqlens; the keys of each piece are its
   document's span of the gathered row, and the kernel's causal mask is aligned bottom-right.
-- ``flex``: a BlockMask of local query tiles against the row's key tiles.
+- ``flex``: a BlockMask of the local query tiles against the row's key tiles, from the pieces'
+  key spans.
 - ``eager``: the dense [B, L/N, L] mask (the reference, small L).
 """
 
@@ -36,6 +38,16 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from longctx.batch import PackedBatch, check_dense_mask_len
+from longctx.distributed.cp_balance import (
+    DEFAULT_BALANCE,
+    DOCUMENTS,
+    HEAD_TAIL,
+    PlanStats,
+    check_balance,
+    plan_stats,
+    rank_unit,
+    row_owner,
+)
 
 # Elements of one query block's [q, k] mask in the sdpa path (4M: a 16 MB fp32 additive mask).
 MASK_BLOCK_ELEMENTS = 1 << 22
@@ -49,9 +61,11 @@ def check_context_parallel(
     rank: int = 0,
     seq_len: int | None = None,
     world: int | None = None,
+    balance: str = HEAD_TAIL,
 ) -> None:
     """The one owner of the split's rules: ``size`` ranks share each row (dividing the
-    ``world``), cut into ``2 * size * rounds`` equal chunks (dividing ``seq_len``)."""
+    ``world``), a known balancer, and rows it can split evenly: ``seq_len`` a multiple of
+    2 * size * rounds chunks (head-tail) or of size (documents)."""
     for name, value in (("context_parallel", size), ("rounds", rounds), ("rank", rank)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name}={value!r}; expected an int")
@@ -60,115 +74,159 @@ def check_context_parallel(
             f"context parallel rank={rank}, size={size}, rounds={rounds}; expected size >= 1, "
             "rounds >= 1, 0 <= rank < size"
         )
+    check_balance(balance, rounds)
     if world is not None and world % size:
         raise ValueError(
             f"context_parallel={size} must divide the world size {world} (processes x nodes): "
             "each row is split over that many ranks"
         )
-    chunks = 2 * size * rounds
-    if seq_len is not None and seq_len % chunks:
+    unit = rank_unit(size, balance, rounds)
+    if seq_len is None or seq_len % unit == 0:
+        return
+    if balance == DOCUMENTS:
         raise ValueError(
-            f"a row of L={seq_len} tokens cannot be split over context parallel size {size} in "
-            f"{rounds} round(s): L must be a multiple of 2*size*rounds={chunks} "
-            "(each rank takes two equal chunks per round)"
+            f"a row of L={seq_len} tokens cannot be split over context parallel size {size}: "
+            f"L must be a multiple of size={size} (each rank holds L/size tokens of every row)"
         )
+    raise ValueError(
+        f"a row of L={seq_len} tokens cannot be split over context parallel size {size} in "
+        f"{rounds} round(s): L must be a multiple of 2*size*rounds={unit} "
+        "(each rank takes two equal chunks per round)"
+    )
 
 
 def context_shard(
-    batch: PackedBatch, rank: int, size: int, group=None, rounds: int = 1
+    batch: PackedBatch,
+    rank: int,
+    size: int,
+    group=None,
+    *,
+    balance: str = DEFAULT_BALANCE,
+    rounds: int = 1,
 ) -> ContextShard:
     """Rank ``rank``'s share of every row when ``size`` ranks split each row.
 
-    A row is cut into 2*size chunks and the rank takes chunks ``rank`` and
-    ``2*size-1-rank``: an early chunk (little causal work) paired with a late one (much).
-    With ``rounds`` = k > 1 the row is cut into k segments of 2*size chunks each and the rank
-    takes that pair in every segment: finer interleaving, which evens out document-masked
-    work, where a rank's cost is the sum of its pieces' squared lengths, not its position.
-    Tokens, labels and position ids are sliced with the chunks; segments are cut at the
-    chunk edges into pieces, and every piece records how many tokens of its document
-    precede it on other chunks: the keys it must fetch from other ranks. Documents may have
-    any length and cross any chunk edge. ``group``: the process group of the ``size`` ranks
-    (group rank = ``rank``), needed by the model to gather keys and values when size > 1.
+    ``balance`` picks the plan (see :mod:`longctx.distributed.cp_balance`; ``rounds`` is the
+    ``rounds`` balancer's head-tail rounds). The plan of every row is computed whole, for
+    every rank, from the row's segment lengths alone. Tokens, labels and position ids travel
+    with the plan; the local tokens are cut into pieces, each recording how many tokens of its
+    segment precede it in the row (the keys it needs from before itself). Documents may have
+    any length and be cut anywhere. ``group``: the process group of the ``size`` ranks (group
+    rank = ``rank``), needed by the model to gather keys and values when size > 1.
     """
     b, length = batch.shape
-    check_context_parallel(size, rounds, rank=rank, seq_len=length)
-    c = length // (2 * size * rounds)
-    chunks = [(g * c, (g + 1) * c) for g in context_chunks(rank, size, rounds)]
-    local_idx = torch.cat([torch.arange(lo, hi) for lo, hi in chunks])
-    pieces = [_chunk_pieces(row[row > 0], chunks) for row in batch.seq_lens.cpu().numpy()]
+    check_context_parallel(size, rounds, rank=rank, seq_len=length, balance=balance)
+    lens_rows = [row[row > 0].astype(np.int64) for row in batch.seq_lens.cpu().numpy()]
+    owners = np.stack([row_owner(lens, size, balance, rounds) for lens in lens_rows])
+    # every row's positions grouped by rank, in row order within a rank: rank r's are the
+    # r-th L/N of each row, which is also where they land in the all-gather
+    order = np.argsort(owners, axis=1, kind="stable")
+    local = length // size
+    global_index = order[:, rank * local : (rank + 1) * local]
+    pieces = [_pieces(q, lens) for q, lens in zip(global_index, lens_rows, strict=True)]
     lens, prefixes = (
-        pad_sequence([torch.tensor(p[i], dtype=torch.int32) for p in pieces], batch_first=True)
+        pad_sequence([torch.from_numpy(p[i]).int() for p in pieces], batch_first=True)
         for i in (0, 1)
     )
     device = batch.tokens.device
-    local_idx = local_idx.to(device)
+    index = torch.from_numpy(global_index).to(device)
     return ContextShard(
-        tokens=batch.tokens[:, local_idx],
-        labels=batch.labels[:, local_idx],
-        position_ids=batch.position_ids[:, local_idx],
+        tokens=batch.tokens.gather(1, index),
+        labels=batch.labels.gather(1, index),
+        position_ids=batch.position_ids.gather(1, index),
         seq_lens=lens.to(device),
         key_prefix_lens=prefixes.to(device),
         row_seq_lens=batch.seq_lens,
+        global_index=index,
+        gather_index=torch.from_numpy(_gather_index(order, b, local)).to(device),
         cp_rank=rank,
         cp_size=size,
         group=group,
+        balance=balance,
         cp_rounds=rounds,
+        plan=plan_stats(lens_rows, list(owners), size),
     )
 
 
-def context_chunks(rank: int, size: int, rounds: int = 1) -> list[int]:
-    """The row chunks (of 2 * size * rounds) that context-parallel ``rank`` holds, in order."""
-    per_round = 2 * size
-    return [j * per_round + i for j in range(rounds) for i in (rank, per_round - 1 - rank)]
+def _pieces(q: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, key prefix lengths) of the runs of row positions ``q`` (sorted) that are
+    consecutive and inside one segment of ``lens``."""
+    seg = np.repeat(np.arange(len(lens)), lens)[q]
+    new = np.ones(len(q), dtype=bool)
+    new[1:] = (np.diff(q) != 1) | (seg[1:] != seg[:-1])
+    starts = np.flatnonzero(new)
+    seg_start = (np.cumsum(lens) - lens)[seg[starts]]
+    return np.diff(np.append(starts, len(q))), q[starts] - seg_start
+
+
+def _gather_index(order: np.ndarray, b: int, local: int) -> np.ndarray:
+    """int64 [B * L]: for each row position, its element of the all-gathered [N, B, L/N]."""
+    length = order.shape[1]
+    slot = np.empty_like(order)  # position -> its index in ``order`` (rank * local + j)
+    np.put_along_axis(slot, order, np.arange(length)[None].repeat(b, 0), axis=1)
+    rank, j = np.divmod(slot, local)
+    return (rank * b * local + np.arange(b)[:, None] * local + j).reshape(-1)
 
 
 @dataclasses.dataclass
 class ContextShard(PackedBatch):
     """One rank's share of a PackedBatch under context parallelism (:func:`context_shard`).
 
-    tokens, labels, position_ids [B, L/N] the rank's 2k chunks of c tokens of each row, in
-                             row order (k = cp_rounds; chunks context_chunks(cp_rank, cp_size, k))
-    seq_lens        [B, S]   the local tokens cut into pieces: a segment's tokens in one chunk
+    tokens, labels, position_ids [B, L/N] the rank's tokens of each row, in row order
+    seq_lens        [B, S]   the local tokens cut into pieces: runs of consecutive row
+                             positions inside one segment
     key_prefix_lens [B, S]   tokens of each piece's segment that precede the piece in the row
     row_seq_lens    [B, S']  the whole rows' segment lengths
+    global_index    [B, L/N] int64, the row position of each local token
+    gather_index    [B * L]  int64, the element of the all-gathered [N, B, L/N] that holds
+                             each row position (:func:`gather_row`)
     group                    process group of the cp_size ranks (None when cp_size == 1)
+    balance, cp_rounds       the balancer that made the plan
+    plan                     the plan's work and pieces per rank (summed over the rows)
 
     Attention: a local query attends causally to its own piece and to its segment's earlier
-    tokens, which may live on other ranks' chunks (``key_prefix_lens`` of them).
+    tokens, which may live on other ranks (``key_prefix_lens`` of them).
     """
 
     key_prefix_lens: Tensor
     row_seq_lens: Tensor
+    global_index: Tensor
+    gather_index: Tensor
     cp_rank: int
     cp_size: int
     group: object = None
+    balance: str = HEAD_TAIL
     cp_rounds: int = 1
+    plan: PlanStats | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.key_prefix_lens.shape != self.seq_lens.shape:
-            raise ValueError(
-                f"key_prefix_lens has shape {tuple(self.key_prefix_lens.shape)}, expected the "
-                f"shape of seq_lens {tuple(self.seq_lens.shape)}"
-            )
+        for name, shape in (
+            ("key_prefix_lens", self.seq_lens.shape),
+            ("global_index", self.tokens.shape),
+            ("gather_index", (self.shape[0] * self.row_len,)),
+        ):
+            if getattr(self, name).shape != shape:
+                raise ValueError(
+                    f"{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(shape)}"
+                )
         check_context_parallel(
-            self.cp_size, self.cp_rounds, rank=self.cp_rank, seq_len=self.row_len
+            self.cp_size,
+            self.cp_rounds,
+            rank=self.cp_rank,
+            seq_len=self.row_len,
+            balance=self.balance,
         )
-
-    @property
-    def chunk_len(self) -> int:
-        return self.shape[1] // (2 * self.cp_rounds)
 
     @property
     def row_len(self) -> int:
         return self.shape[1] * self.cp_size
 
-    @cached_property
-    def global_index(self) -> Tensor:
-        """int64 [L/N]: the row position of each local token."""
-        c, device = self.chunk_len, self.tokens.device
-        chunks = torch.tensor(context_chunks(self.cp_rank, self.cp_size, self.cp_rounds))
-        return (chunks.to(device)[:, None] * c + torch.arange(c, device=device)).flatten()
+    @property
+    def chunks(self) -> int:
+        """Equal query chunks a row is cut into (2N per round; N under ``documents``), which
+        a backend may need in whole tiles."""
+        return rank_unit(self.cp_size, self.balance, self.cp_rounds)
 
     @cached_property
     def row_doc_ids(self) -> Tensor:
@@ -177,26 +235,21 @@ class ContextShard(PackedBatch):
         ids = torch.arange(s, device=self.row_seq_lens.device).repeat(b)
         return ids.repeat_interleave(self.row_seq_lens.flatten().long()).view(b, self.row_len)
 
+    @cached_property
+    def row_doc_starts(self) -> Tensor:
+        """int64 [B, row_len]: the row position where each token's segment starts."""
+        lens = self.row_seq_lens.long()
+        starts = lens.cumsum(1) - lens
+        return starts.flatten().repeat_interleave(lens.flatten()).view(-1, self.row_len)
+
     def to_dense_mask(self) -> Tensor:
         """bool [B, row_len / cp_size, row_len], True where local query i may attend to row key j."""
         check_dense_mask_len(self.row_len, "to_dense_mask()")
         q_pos = self.global_index.to(self.row_doc_ids.device)
-        q_doc = self.row_doc_ids[:, q_pos]
+        q_doc = self.row_doc_ids.gather(1, q_pos)
         same_doc = q_doc[:, :, None] == self.row_doc_ids[:, None, :]
         keys = torch.arange(self.row_len, device=q_pos.device)
-        return same_doc & (keys[None, :] <= q_pos[:, None])
-
-
-def _chunk_pieces(row_lens: np.ndarray, chunks: list[tuple[int, int]]):
-    """(piece lengths, key prefix lengths) of a row's segments cut at the chunks' edges."""
-    ends = np.cumsum(row_lens)
-    lens, prefixes = [], []
-    for lo, hi in chunks:
-        bounds = np.concatenate(([lo], ends[(ends > lo) & (ends < hi)], [hi]))
-        first = int(np.searchsorted(ends, lo, side="right"))  # the segment holding token lo
-        lens += np.diff(bounds).tolist()
-        prefixes += [lo - int(ends[first] - row_lens[first])] + [0] * (len(bounds) - 2)
-    return lens, prefixes
+        return same_doc & (keys[None, None, :] <= q_pos[:, :, None])
 
 
 # --------------------------------------------------------------------------- key spans
@@ -208,37 +261,48 @@ def span_index(spans: list[tuple[int, int]]) -> Tensor:
 def piece_spans(shard: ContextShard) -> list[tuple[int, int, int, int]]:
     """(flat query start, query length, flat key start, key length) of every piece, in order."""
     b, local_len = shard.shape
-    global_index = shard.global_index.tolist()
     spans = []
-    for row, (lens, prefixes) in enumerate(
-        zip(shard.seq_lens.tolist(), shard.key_prefix_lens.tolist(), strict=True)
+    for row, (positions, lens, prefixes) in enumerate(
+        zip(
+            shard.global_index.tolist(),
+            shard.seq_lens.tolist(),
+            shard.key_prefix_lens.tolist(),
+            strict=True,
+        )
     ):
         start = 0
         for n, prefix in zip(lens, prefixes, strict=True):
             if n == 0:
                 break
-            key_start = row * shard.row_len + global_index[start] - prefix
+            key_start = row * shard.row_len + positions[start] - prefix
             spans.append((row * local_len + start, n, key_start, prefix + n))
             start += n
     return spans
 
 
 # --------------------------------------------------------------------------- gather
-def gather_row(x_local: Tensor, group, size: int, rounds: int = 1) -> Tensor:
-    """[B, L/N, ...] local chunks of every rank -> [B, L, ...] whole rows, in row order.
+def gather_row(x_local: Tensor, shard: ContextShard) -> Tensor:
+    """[B, L/N, ...] local tokens of every rank of ``shard``'s group -> [B, L, ...] whole
+    rows, in row order.
 
     Differentiable: the backward reduce-scatters the rows' gradient back to the owning ranks.
     """
-    b, local_len = x_local.shape[:2]
-    per_rank = 2 * rounds
-    c = local_len // per_rank
-    chunks = x_local.reshape(b, per_rank, c, *x_local.shape[2:]).transpose(0, 1)  # [2k, B, c]
-    if size > 1:  # rank r's chunks land at r*2k .. r*2k + 2k-1
-        chunks = _AllGather.apply(chunks, group)
-    held = [g for r in range(size) for g in context_chunks(r, size, rounds)]
-    order = sorted(range(len(held)), key=held.__getitem__)  # gathered slot of each row chunk
-    ordered = chunks.index_select(0, torch.tensor(order, device=x_local.device))
-    return ordered.transpose(0, 1).reshape(b, size * local_len, *x_local.shape[2:])
+    b, rest = x_local.shape[0], x_local.shape[2:]
+    gathered = x_local.unsqueeze(0)  # [1, B, L/N, ...]
+    if shard.cp_size > 1:  # rank r's tokens land at [r]
+        gathered = _AllGather.apply(gathered, shard.group)
+    flat = gathered.reshape(-1, *rest)
+    index = shard.gather_index.to(x_local.device)
+    return flat.index_select(0, index).view(b, shard.row_len, *rest)
+
+
+def own_tokens(x_row: Tensor, shard: ContextShard) -> Tensor:
+    """[B, L, ...] whole rows -> [B, L/N, ...] this rank's tokens of them (gather_row's
+    inverse on this rank)."""
+    b, local_len = shard.shape
+    rows = torch.arange(b, device=x_row.device)[:, None] * shard.row_len
+    index = (rows + shard.global_index.to(x_row.device)).flatten()
+    return x_row.flatten(0, 1).index_select(0, index).view(b, local_len, *x_row.shape[2:])
 
 
 class _AllGather(torch.autograd.Function):

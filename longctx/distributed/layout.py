@@ -8,28 +8,40 @@ from __future__ import annotations
 
 import dataclasses
 
+from longctx.distributed.cp_balance import DEFAULT_BALANCE, check_balance, rank_unit
+
 
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
     """``context_parallel``: ranks that split each packed row; it must divide the world size,
-    and the remaining factor is data parallel (DDP or FSDP2). ``context_parallel_rounds``:
-    head-tail rounds per row (each row is cut into 2 x context_parallel chunks per round)."""
+    and the remaining factor is data parallel (DDP or FSDP2). ``context_parallel_balance``:
+    which tokens of a row each rank holds (longctx.distributed.cp_balance: documents,
+    head_tail or rounds). ``context_parallel_rounds``: head-tail rounds per row of the
+    ``rounds`` balancer (each row is cut into 2 x context_parallel chunks per round)."""
 
     context_parallel: int = 1
     context_parallel_rounds: int = 1
+    context_parallel_balance: str = DEFAULT_BALANCE
 
     def __post_init__(self) -> None:
         for name in ("context_parallel", "context_parallel_rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"parallel.{name}={value!r}; expected an integer >= 1")
+        try:
+            check_balance(self.context_parallel_balance, self.context_parallel_rounds)
+        except ValueError as err:
+            raise ValueError(f"parallel: {err}") from err
 
     @property
     def query_chunks(self) -> int:
-        """Chunks each row is cut into (1 without context parallelism)."""
+        """Equal query chunks each row is cut into, which a backend may need in whole tiles
+        (1 without context parallelism)."""
         if self.context_parallel == 1:
             return 1
-        return 2 * self.context_parallel * self.context_parallel_rounds
+        return rank_unit(
+            self.context_parallel, self.context_parallel_balance, self.context_parallel_rounds
+        )
 
 
 def world_size(devices, num_nodes) -> int | None:

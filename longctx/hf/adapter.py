@@ -364,6 +364,7 @@ class HFModelSpec:
     # ranks, and the planner models longctx's Llama only
     supports_context_parallel: ClassVar[bool] = False
     plans_capacity: ClassVar[bool] = False
+    exports_to_hf: ClassVar[bool] = False  # its weights already are a transformers model
 
     def __post_init__(self) -> None:
         check_backend_name(self.attn_backend)

@@ -9,11 +9,12 @@ HF's layout: its q/k projections use the same rotate-half RoPE as longctx, so no
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from longctx.model.config import LlamaConfig
 from longctx.model.rope import RopeScaling
@@ -111,7 +112,7 @@ def config_to_hf(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
         "intermediate_size": config.ffn_dim,
         "hidden_act": "silu",
         "rms_norm_eps": config.norm_eps,
-        "rope_theta": config.rope_theta,
+        "rope_theta": float(config.rope_theta),
         "rope_scaling": None,
         "max_position_embeddings": config.max_seq_len,
         "tie_word_embeddings": config.tie_embeddings,
@@ -121,8 +122,23 @@ def config_to_hf(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
         "dtype": str(dtype).removeprefix("torch."),
     }
     if config.rope_scaling is not None:
-        out["rope_scaling"] = config.rope_scaling.to_hf()
+        out["rope_scaling"] = _floats(config.rope_scaling.to_hf())
     return out
+
+
+# rope_scaling fields transformers 4.x validates as floats (an int factor from a YAML `4` warns)
+_FLOAT_ROPE_KEYS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+)
+
+
+def _floats(scaling: dict[str, Any]) -> dict[str, Any]:
+    return {k: float(v) if k in _FLOAT_ROPE_KEYS else v for k, v in scaling.items()}
 
 
 # --------------------------------------------------------------------------- weights
@@ -170,18 +186,33 @@ def _from_hf_names(model, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.
 
 
 def save_hf(
-    model, path: str | Path, max_shard_size: str | int = "5GB", **config_extra: Any
+    model,
+    path: str | Path,
+    max_shard_size: str | int = "5GB",
+    on_bytes: Callable[[int], None] | None = None,
+    **config_extra: Any,
 ) -> None:
     """config.json (plus ``config_extra`` keys) and safetensors with HF names (lm_head omitted
-    when tied): model.safetensors, or shards and their index above ``max_shard_size``."""
-    from huggingface_hub import save_torch_state_dict
+    when tied): model.safetensors, or shards and their index above ``max_shard_size``.
+    ``on_bytes(n)`` is called after each shard with its size (a progress bar's update)."""
+    from huggingface_hub import split_torch_state_dict_into_shards
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {
         to_hf_name(name): t.detach().cpu().contiguous() for name, t in model.state_dict().items()
     }
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight", None)  # the embedding itself; tie_word_embeddings says so
     dtype = next(iter(state.values())).dtype
     hf_config = {**config_to_hf(model.config, dtype), **config_extra}
-    (path / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2))
-    save_torch_state_dict(state, path, max_shard_size=max_shard_size, metadata={"format": "pt"})
+    (path / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+    split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
+    for filename, names in split.filename_to_tensors.items():
+        shard = {n: state[n] for n in names}
+        save_file(shard, path / filename, metadata={"format": "pt"})
+        if on_bytes is not None:
+            on_bytes(sum(t.numel() * t.element_size() for t in shard.values()))
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

@@ -72,6 +72,7 @@ class LlamaConfig:
 
     supports_context_parallel: ClassVar[bool] = True
     plans_capacity: ClassVar[bool] = True
+    exports_to_hf: ClassVar[bool] = True
 
     def build(self):
         """Llama(self); on the meta device with ``init_from`` (configure_model shards it under

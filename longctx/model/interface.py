@@ -26,6 +26,8 @@ class ModelSpec(Protocol):
     supports_context_parallel: ClassVar[bool]
     # longctx.planner models this model's memory and step time
     plans_capacity: ClassVar[bool]
+    # longctx.hf.export writes it as a transformers folder
+    exports_to_hf: ClassVar[bool]
 
     @property
     def init_from(self) -> str | None:

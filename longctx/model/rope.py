@@ -18,6 +18,7 @@ from torch import Tensor
 from longctx.model.validation import require_number, require_positive, require_positive_int
 
 ROPE_TYPES = ("llama3", "linear", "yarn")
+LLAMA3_ORIGINAL_LENGTH = 8192  # Llama 3's pre-training length, where Llama 3.1's scaling starts
 
 
 @dataclasses.dataclass
@@ -37,7 +38,10 @@ class RopeScaling:
     factor: float = 8.0
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 4.0  # llama3
-    original_max_position: int = 8192  # llama3, yarn
+    # the length the model was trained at (llama3, yarn). None: llama3's own 8192 (Llama 3's
+    # pre-training length, which that method is defined for); yarn has no default, since its ramp
+    # is placed by the extended model's own training length
+    original_max_position: int | None = None
     type: str = "llama3"
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
@@ -49,17 +53,29 @@ class RopeScaling:
             raise ValueError(
                 f"rope_scaling.type={self.type!r} is unknown; expected one of {ROPE_TYPES}"
             )
-        require_number("rope_scaling.factor", self.factor)
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
+            require_number(f"rope_scaling.{name}", getattr(self, name))  # used by its type or not
         if self.factor <= 1:
             raise ValueError(
                 f"rope_scaling.factor={self.factor}; expected a factor > 1 (the context is "
                 "extended by it; for none, set rope_scaling to null)"
             )
+        if self.original_max_position is None:
+            self.original_max_position = self._default_original_length()
         require_positive_int("rope_scaling.original_max_position", self.original_max_position)
         if self.type == "llama3":
             self._check_llama3()
         elif self.type == "yarn":
             self._check_yarn()
+
+    def _default_original_length(self) -> int:
+        if self.type == "yarn":
+            raise ValueError(
+                "rope_scaling.original_max_position is not set; yarn places its ramp by the "
+                "length the model was trained at: set it (e.g. "
+                "model.rope_scaling.original_max_position=8192 for a model trained at 8k)"
+            )
+        return LLAMA3_ORIGINAL_LENGTH  # linear ignores it
 
     def _check_llama3(self) -> None:
         for name in ("low_freq_factor", "high_freq_factor"):

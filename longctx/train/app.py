@@ -29,10 +29,12 @@ from longctx.runs.folder import (
 from longctx.runs.identity import run_identity
 from longctx.runs.record import RunRecord
 from longctx.runs.resume import ResumeRefused, check_fresh_start, resume_point
+from longctx.train import console
 from longctx.train.callbacks import SweepStopped, finish_preemption
 from longctx.train.cpu_memory import retain_freed_memory
 from longctx.train.dry_run import dry_run_report
 from longctx.train.loggers import make_loggers
+from longctx.train.options import init_from_note
 from longctx.train.preflight import ConfigError, instantiate_config, preflight
 from longctx.train.process import teardown, writes_run_folder
 
@@ -75,6 +77,7 @@ def run(cfg: DictConfig) -> dict:
 
 
 def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
+    console.quiet_lightning()
     model_config = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
     parallel = instantiate_config("parallel", cfg.parallel)
@@ -92,11 +95,15 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     module = build_module(cfg, model_config, datamodule.eos_id, parallel)
     trainer = build_trainer(cfg, output_dir, RunRecord(identity, recorded_config(cfg)))
     ckpt_path = resume.announce() if resume is not None else None
+    if note := init_from_note(getattr(model_config, "init_from", None), ckpt_path):
+        print(note, flush=True)
     del resume  # drop the mapped contents before Lightning loads the checkpoint again
     # weights_only: a checkpoint is data; a crafted pickle in one must not run code
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     finish_preemption(trainer, output_dir)
-    return final_metrics(trainer, datamodule)
+    metrics = final_metrics(trainer, datamodule)
+    console.print_run_summary(trainer, output_dir)
+    return metrics
 
 
 def start_point(
@@ -139,7 +146,7 @@ def build_trainer(cfg: DictConfig, output_dir: Path, record: RunRecord) -> L.Tra
         return instantiate(
             cfg.trainer,
             logger=make_loggers(cfg, output_dir) or False,
-            callbacks=[*callbacks, record],
+            callbacks=[*callbacks, record, *console.callbacks(cfg.trainer)],
             # under SLURM: Lightning's environment without its auto-requeue (SaveOnSignal
             # requeues)
             plugins=[AtomicCheckpointIO(), *slurm_plugins()],
@@ -179,7 +186,9 @@ def build_module(cfg: DictConfig, model_config, eos_id: int, parallel):
         eos_id=eos_id,
         context_parallel=parallel.context_parallel,
         context_parallel_rounds=parallel.context_parallel_rounds,
+        context_parallel_balance=parallel.context_parallel_balance,
         allow_global_batch_change=cfg.optim.allow_global_batch_change,
+        skip_nonfinite=cfg.optim.get("skip_nonfinite", 0),
     )
 
 

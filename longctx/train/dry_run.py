@@ -51,7 +51,8 @@ def dry_run_report(
 def planner_layout(
     cfg: DictConfig, model_config: ModelSpec, parallel: ParallelConfig, device: torch.device
 ) -> planner.Layout:
-    """The run's layout as the planner sees it (worst case: one document per row)."""
+    """The run's layout as the planner sees it (one document per row, the worst case, unless
+    planner.doc_length_median states a distribution)."""
     fsdp = sharded_strategy(cfg.trainer)
     devices = cfg.trainer.get("devices", 1)
     return planner.Layout(
@@ -61,13 +62,23 @@ def planner_layout(
         devices=devices if isinstance(devices, int) else 1,
         context_parallel=parallel.context_parallel,
         context_parallel_rounds=parallel.context_parallel_rounds,
+        context_parallel_balance=parallel.context_parallel_balance,
         fsdp=fsdp,
         precision=planner_precision(cfg.trainer, fsdp, device),
         activation_checkpointing=model_config.activation_checkpointing,
         attn_backend=resolve_backend(model_config.attn_backend, device),
         accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
         max_steps=cfg.trainer.max_steps,
+        doc_length_lognormal=doc_length_distribution(cfg.planner),
     )
+
+
+def doc_length_distribution(planner_cfg: DictConfig) -> tuple[float, float] | None:
+    """planner.doc_length_median / doc_length_sigma as the planner's lognormal, if stated."""
+    median = planner_cfg.get("doc_length_median")
+    if median is None:
+        return None
+    return float(median), float(planner_cfg.get("doc_length_sigma", 1.0))
 
 
 def planner_precision(trainer_cfg: DictConfig, fsdp: bool, device: torch.device) -> str:
@@ -95,7 +106,11 @@ def planner_device(cfg: DictConfig, device: torch.device) -> planner.Device:
         memory = memory_gb * 1e9 if memory_gb else available_memory_bytes(device)
         rss = planner.process_rss_bytes()
         note = "this process's RSS (Python, torch, the app's imports), measured"
-        return planner.Device("cpu", int(memory), peak, rss, note, **bandwidths)
+        # train.py keeps freed heap blocks on CPU (retain_freed_memory): plan with their excess
+        retention = planner.CPU_HEAP_RETENTION
+        return planner.Device(
+            "cpu", int(memory), peak, rss, note, **bandwidths, heap_retention=retention
+        )
     name = cfg.planner.device or (
         torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     )

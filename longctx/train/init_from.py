@@ -118,6 +118,11 @@ def resolve(path: str | Path) -> WeightSource:
 def read_longctx_checkpoint(path: Path) -> dict[str, Tensor]:
     """The Llama weights (longctx names) of a single-file longctx checkpoint, memory-mapped:
     the one place a longctx .ckpt is read for init_from."""
+    if path.stat().st_size == 0:
+        raise InitFromError(
+            f"model.init_from={str(path)!r} is empty (0 bytes): a checkpoint whose write never "
+            f"finished; pass another checkpoint of that run ({_other_checkpoints(path)})"
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:  # a text file, a truncated file, another format, a crafted pickle
@@ -151,9 +156,16 @@ def _transformers_source(path: Path) -> WeightSource:
     from_hf = {to_hf_name(k): k for k in _expected_shapes(config_from_hf(hf))}
     shapes = {}
     for file in files:
-        with safe_open(file, framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not iterable
-                shapes[from_hf.get(key, key)] = torch.Size(f.get_slice(key).get_shape())
+        try:
+            with safe_open(file, framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                    shapes[from_hf.get(key, key)] = torch.Size(f.get_slice(key).get_shape())
+        except Exception as err:  # a truncated or corrupt file: safetensors does not name it
+            raise InitFromError(
+                f"model.init_from={str(path)!r}: {file.name} cannot be read as safetensors "
+                f"({type(err).__name__}: {err}); expected a complete .safetensors file (a copy "
+                "that stopped part-way is truncated)"
+            ) from err
     if hf.get("tie_word_embeddings"):
         shapes.pop("lm_head.weight", None)  # a tied copy some writers keep
     return WeightSource(path, "transformers", shapes, hf)
@@ -169,6 +181,11 @@ def _run_checkpoint(run: Path) -> Path:
             "a checkpoint file or folder inside it"
         )
     return found
+
+
+def _other_checkpoints(path: Path) -> str:
+    others = sorted(p.name for p in path.parent.glob("*.ckpt") if p != path and p.stat().st_size)
+    return f"e.g. {', '.join(others)} in {path.parent}" if others else f"none in {path.parent}"
 
 
 def _sharded_shapes(path: Path) -> dict[str, torch.Size]:
@@ -273,3 +290,26 @@ def load_init_weights(model: nn.Module, device: torch.device | str) -> None:
     fill it from ``model.config.init_from``."""
     model.to_empty(device=device)
     resolve(model.config.init_from).load_into(model)
+    check_finite_weights(model, model.config.init_from)
+
+
+def check_finite_weights(model: nn.Module, source: str) -> None:
+    """Refuse weights with NaN or inf, naming the tensors: they would train to a NaN model.
+    Under FSDP2 each rank checks its own shards and every rank learns of any rank's finding, so
+    all stop together."""
+    bad = [name for name, t in model.state_dict().items() if not _all_finite(t)]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        found: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(found, bad)
+        bad = sorted({name for names in found for name in names})
+    if bad:
+        listed = ", ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+        raise InitFromError(
+            f"model.init_from={source!r} holds NaN or infinite values in {listed}; expected "
+            "finite weights (a run that diverged, or a damaged file)"
+        )
+
+
+def _all_finite(tensor: Tensor) -> bool:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # an FSDP2 shard
+    return bool(torch.isfinite(local).all()) if local.is_floating_point() else True

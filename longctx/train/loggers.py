@@ -55,7 +55,7 @@ def make_wandb_logger(cfg: DictConfig, output_dir: Path, settings: DictConfig):
     from lightning.pytorch.loggers import WandbLogger
 
     os.environ.setdefault("WANDB_SILENT", "true")
-    return WandbLogger(
+    logger = WandbLogger(
         project=settings.project,
         entity=settings.get("entity"),
         save_dir=str(output_dir),
@@ -67,6 +67,10 @@ def make_wandb_logger(cfg: DictConfig, output_dir: Path, settings: DictConfig):
         mode=wandb_mode(settings.get("mode", "auto")),
         config=OmegaConf.to_container(cfg, resolve=True),
     )
+    # Lightning passes anonymous=None, a setting wandb >= 0.22 ignores and warns about on every
+    # start; not passing it changes nothing else
+    logger._wandb_init.pop("anonymous", None)
+    return logger
 
 
 def make_loggers(cfg: DictConfig, output_dir: Path) -> list:

@@ -22,10 +22,19 @@ from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.data.streams import StreamBatch
-from longctx.distributed.context_parallel import context_parallel_group, context_shard, gather_row
+from longctx.distributed.context_parallel import (
+    ContextShard,
+    context_parallel_group,
+    context_shard,
+    gather_row,
+)
+from longctx.distributed.cp_balance import DEFAULT_BALANCE, PlanStats, context_parallel_metrics
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
 from longctx.model.interface import ModelSpec, PackedCausalLM
+from longctx.model.validation import require_number
+from longctx.train.nonfinite import NonFiniteGuard
+from longctx.train.step_axis import STEP_KEY, log_at_step, validate_at_optimizer_steps
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
@@ -42,6 +51,17 @@ def build_model(spec: ModelSpec) -> nn.Module:
     return model
 
 
+def check_optim_settings(weight_decay: float, grad_clip: float | None) -> None:
+    """optim.weight_decay and optim.grad_clip (None or 0: no clipping): finite, not negative."""
+    require_number("optim.weight_decay", weight_decay)
+    if weight_decay < 0:
+        raise ValueError(f"optim.weight_decay={weight_decay}; expected >= 0")
+    if grad_clip is not None:
+        require_number("optim.grad_clip", grad_clip)
+        if grad_clip < 0:
+            raise ValueError(f"optim.grad_clip={grad_clip}; expected >= 0 (0 or null: no clip)")
+
+
 def warmup_cosine_schedule(
     optimizer: torch.optim.Optimizer,
     total_steps: int,
@@ -49,7 +69,7 @@ def warmup_cosine_schedule(
     min_lr_ratio: float = 0.1,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up from 0 to the peak lr, then cosine decay to min_lr_ratio * peak."""
-    if total_steps < 1 or warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
+    if total_steps < 1 or warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:  # NaN: refused
         raise ValueError(
             f"schedule needs total_steps >= 1, warmup_steps >= 0, 0 <= min_lr_ratio <= 1; got "
             f"total_steps={total_steps}, warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}"
@@ -93,13 +113,18 @@ class LongCtxModule(L.LightningModule):
         eos_id: int | None = None,
         context_parallel: int = 1,
         context_parallel_rounds: int = 1,
+        context_parallel_balance: str = DEFAULT_BALANCE,
         allow_global_batch_change: bool = False,
+        skip_nonfinite: int = 0,
     ) -> None:
         """allow_global_batch_change: a resume on a data-parallel size that cannot keep the
-        checkpoint's global batch goes on with the nearest one instead of stopping."""
+        checkpoint's global batch goes on with the nearest one instead of stopping.
+        skip_nonfinite: steps with a non-finite loss or gradient norm a run may skip (in
+        total) before it stops (longctx.train.nonfinite)."""
         super().__init__()
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        check_optim_settings(weight_decay, grad_clip)
         if context_parallel != 1 and not model_config.supports_context_parallel:
             raise ValueError(
                 f"context_parallel={context_parallel}: {type(model_config).__name__}'s model "
@@ -115,8 +140,10 @@ class LongCtxModule(L.LightningModule):
         self.eos_id = eos_id
         self.context_parallel = context_parallel
         self.context_parallel_rounds = context_parallel_rounds
+        self.context_parallel_balance = context_parallel_balance
         self.cp_group = None  # set in setup() once the process group exists
         self.allow_global_batch_change = allow_global_batch_change
+        self.nonfinite = NonFiniteGuard(skip_nonfinite)
         self.tokens_seen = 0
         self._micro_batch_rows: int | None = None  # seen in training; part of the global batch
         self._resumed_global_batch: GlobalBatch | None = None  # to keep, from a checkpoint
@@ -128,13 +155,21 @@ class LongCtxModule(L.LightningModule):
         if self.context_parallel > 1 and self.cp_group is None:
             self.cp_group = context_parallel_group(self.context_parallel)
 
+    def on_fit_start(self) -> None:
+        validate_at_optimizer_steps(self.trainer, lambda: self.at_step_boundary)
+
     def _context_shard(self, batch: PackedBatch) -> PackedBatch:
         """This rank's share of the rows under context parallelism; the batch itself without."""
         if self.context_parallel == 1:
             return batch
         rank = torch.distributed.get_rank(self.cp_group)
         return context_shard(
-            batch, rank, self.context_parallel, self.cp_group, self.context_parallel_rounds
+            batch,
+            rank,
+            self.context_parallel,
+            self.cp_group,
+            balance=self.context_parallel_balance,
+            rounds=self.context_parallel_rounds,
         )
 
     def configure_model(self) -> None:
@@ -180,11 +215,13 @@ class LongCtxModule(L.LightningModule):
         checkpoint["longctx"] = {
             "tokens_seen": self.tokens_seen,
             "global_batch": None if global_batch is None else dataclasses.asdict(global_batch),
+            "nonfinite_skipped": self.nonfinite.skipped,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("longctx", {})
         self.tokens_seen = state.get("tokens_seen", 0)
+        self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
         if "global_batch" not in state:
             raise ValueError(
                 "the checkpoint has no longctx.global_batch (rows per optimizer step; written "
@@ -236,9 +273,12 @@ class LongCtxModule(L.LightningModule):
             self._step_start = time.perf_counter()
         last_micro = self._micro + 1 == self.accumulate_grad_batches
         with self._maybe_no_sync(not last_micro):
-            loss_sum, num_tokens = self.model.loss(self._context_shard(batch))
+            shard = self._context_shard(batch)
+            loss_sum, num_tokens = self.model.loss(shard)
             self.manual_backward(loss_sum)
         self._accumulate(batch, loss_sum.detach(), num_tokens)
+        if isinstance(shard, ContextShard):
+            self._cp_plans.append(shard.plan)
         if last_micro:
             self._optimizer_step()
 
@@ -263,12 +303,20 @@ class LongCtxModule(L.LightningModule):
         # DDP/FSDP average gradients over ranks: times world size, over the step's targets.
         self._scale_gradients(self.trainer.world_size / max(num_targets, 1))
         grad_norm = self._clip_gradients()
+        loss = loss_sum / max(num_targets, 1)
+        # every rank sees the same reduced loss and norm, so all skip or stop together
+        skipped = self.nonfinite.check(self.global_step + 1, float(loss), float(grad_norm))
+        if skipped is not None:
+            rank_zero_info(skipped)
+            opt.zero_grad(set_to_none=True)
+            self._reset_accumulators()
+            return
         opt.step()
         opt.zero_grad(set_to_none=True)
         if sched is not None:
             sched.step()
         self.tokens_seen += num_tokens
-        self._log_step(loss_sum / max(num_targets, 1), grad_norm, num_tokens, opt)
+        self._log_step(loss, grad_norm, num_tokens, opt)
         self._reset_accumulators()
 
     def _scale_gradients(self, factor: float) -> None:
@@ -324,9 +372,15 @@ class LongCtxModule(L.LightningModule):
         if not math.isnan(efficiency):
             metrics["train/packing_efficiency"] = efficiency
             metrics["train/docs_per_row"] = docs_per_row
+        metrics.update(context_parallel_metrics(self._cp_plans))
         if self.peak_flops_per_device:
             metrics["train/mfu"] = self._flops / elapsed / self.peak_flops_per_device
-        self.log_dict(metrics, prog_bar=False, batch_size=1, rank_zero_only=True)
+        if self.nonfinite.skipped:
+            metrics["train/nonfinite_skipped"] = float(self.nonfinite.skipped)
+        # the loggers get one row per optimizer step (longctx.train.step_axis); Lightning keeps
+        # the values for callbacks and the progress bar only
+        log_at_step(self.trainer, metrics, self.global_step)
+        self.log_dict(metrics, prog_bar=False, logger=False, batch_size=1, rank_zero_only=True)
         self.log("loss", float(loss), prog_bar=True, logger=False, batch_size=1)
 
     def _reset_accumulators(self) -> None:
@@ -336,6 +390,7 @@ class LongCtxModule(L.LightningModule):
         self._num_input_tokens = 0
         self._flops = 0.0
         self._batch_stats: list[tuple[float, float]] = []
+        self._cp_plans: list[PlanStats] = []
         self._step_start = time.perf_counter()
 
     # -------------------------------------------------------------- validation
@@ -347,9 +402,7 @@ class LongCtxModule(L.LightningModule):
         shard = self._context_shard(batch)
         token_loss = self.model.token_loss(shard).detach()
         if shard is not batch:  # the rows' losses from the group; its first rank counts them
-            token_loss = gather_row(
-                token_loss, self.cp_group, self.context_parallel, self.context_parallel_rounds
-            )
+            token_loss = gather_row(token_loss, shard)
             if torch.distributed.get_rank(self.cp_group) != 0:
                 return
         self.val_position_loss.update(token_loss, batch)
@@ -361,3 +414,5 @@ class LongCtxModule(L.LightningModule):
         metrics = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
         metrics.update(acc.bucket_metrics("val"))
         self.log_dict(metrics, batch_size=1, sync_dist=False)
+        # the x-axis of this row (and of the callbacks' validation metrics logged with it)
+        self.log(STEP_KEY, float(self.global_step), batch_size=1, prog_bar=False)

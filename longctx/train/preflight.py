@@ -21,6 +21,7 @@ from longctx.distributed.layout import ParallelConfig, world_size
 from longctx.distributed.slurm import check_allocation, check_master_address
 from longctx.model.attention import get_backend, resolve_backend
 from longctx.model.interface import ModelSpec
+from longctx.train.options import check_finite, check_planner, unreached_stages
 
 # keys that moved: an old command line gets the new name instead of a Hydra struct error
 MOVED_KEYS = {
@@ -104,9 +105,11 @@ def check_backend(
     device: torch.device,
     context_chunks: int = 1,
     setting: str = "data.seq_len",
+    context_balance: str | None = None,
 ) -> None:
     """Ask the owners: the model spec (its length limit, an HF model's window) and the attention
-    backend (device, lengths, training), for rows of ``seq_len`` cut into ``context_chunks``.
+    backend (device, lengths, training), for rows of ``seq_len`` cut into ``context_chunks``
+    by the context-parallel balancer ``context_balance`` (None: no context parallelism).
     ``setting``: where ``seq_len`` comes from (data.seq_len or a stage's), for the errors."""
     try:
         model_config.check_seq_len(seq_len)
@@ -116,6 +119,8 @@ def check_backend(
     try:
         backend = get_backend(resolve_backend(name, device))
         backend.check(device, seq_len, chunks=context_chunks, training=True)
+        if context_balance is not None:
+            backend.check_context_parallel(context_balance)
     except (ValueError, RuntimeError) as err:
         raise ConfigError(f"model.attn_backend={name}, {setting}={seq_len}: {err}") from err
 
@@ -127,8 +132,8 @@ def check_parallel(
     parallel: ParallelConfig,
     setting: str = "data.seq_len",
 ) -> None:
-    """parallel.context_parallel (ranks that split each row) and its rounds can work with this
-    world, sequence length (from ``setting``) and model."""
+    """parallel.context_parallel (ranks that split each row), its balancer and rounds can work
+    with this world, sequence length (from ``setting``) and model."""
     size, rounds = parallel.context_parallel, parallel.context_parallel_rounds
     try:
         check_context_parallel(
@@ -136,6 +141,7 @@ def check_parallel(
             rounds,
             seq_len=seq_len if size > 1 else None,
             world=trainer_world_size(trainer_cfg),
+            balance=parallel.context_parallel_balance,
         )
     except ValueError as err:
         raise ConfigError(
@@ -198,6 +204,13 @@ def preflight(
 ) -> torch.device:
     """Every check that needs no data and no allocation; returns the training device."""
     check_moved_keys(cfg)
+    try:
+        check_finite(cfg)
+        check_planner(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    for warning in unreached_stages(data_config.stages, cfg.trainer.get("max_steps")):
+        print(warning, flush=True)
     device = training_device(cfg.trainer)
     if not cfg.dry_run:  # a dry run plans for the target machine, maybe not this one
         check_devices(cfg.trainer, device)
@@ -207,7 +220,8 @@ def preflight(
     ]
     for setting, seq_len in [*stages, ("data.seq_len", data_config.seq_len)]:
         check_parallel(cfg.trainer, model_config, seq_len, parallel, setting)
-        check_backend(model_config, seq_len, device, parallel.query_chunks, setting)
+        balance = parallel.context_parallel_balance if parallel.context_parallel > 1 else None
+        check_backend(model_config, seq_len, device, parallel.query_chunks, setting, balance)
     check_init_from(model_config)
     if not cfg.dry_run:
         check_memory(model_config, cfg.trainer, device)

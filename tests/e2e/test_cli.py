@@ -11,7 +11,9 @@ import pytest
 from helpers import ROOT
 
 BIN = Path(sys.executable).parent
-SCRIPTS = ["train", "plan", "eval", "export", "prepare", "convert", "analysis", "extension-report"]
+SCRIPTS = [
+    "train", "plan", "eval", "export", "prepare", "convert", "analysis", "extension-report", "probe"
+]  # fmt: skip
 
 
 def run(argv: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FAST, run_train
+from helpers import FAST, read_metrics, run_train
 
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 
@@ -68,6 +68,10 @@ def assert_same_parameters(run_dir: Path, reference: Path, rel: float = 1e-5) ->
         torch.testing.assert_close(got[name], value, rtol=rel, atol=rel * scale, msg=name)
 
 
+def train_steps(run_dir: Path) -> list[int]:
+    return [int(r["step"]) for r in read_metrics(run_dir) if r.get("train/loss")]
+
+
 def assert_position(run_dir: Path, rows: int, global_batch: dict) -> None:
     """The checkpoint records the global rows consumed and how a step's rows were split."""
     checkpoint = final_checkpoint(run_dir)
@@ -87,6 +91,10 @@ def test_two_ranks_resume_on_one_and_one_on_two(tmp_path):
         proc.stdout + proc.stderr
     )
     assert_same_parameters(down, two)
+    # one row per optimizer step, whatever the accumulation: 2 ranks x 1, 1 x 2, and the
+    # resume on 1 rank (accumulation 2) continuing the 2-rank run from step 2
+    assert train_steps(one) == train_steps(two) == [1, 2, 3, 4]
+    assert train_steps(down) == [3, 4]
     assert_position(
         down, 16, dict(micro_batch_rows=2, accumulate_grad_batches=2, data_parallel_size=1)
     )

@@ -302,6 +302,7 @@ def test_issue_command_fsdp_context_parallel_then_a_next_stage(tmp_path):
         tmp_path,
     )  # fmt: skip
     assert "rank 0/1 stopped at step 3" in proc.stdout, proc.stdout[-2000:]
+    assert f"model.init_from={runs / 'stage1'} does not apply: this start resumes" in proc.stdout
 
     # the stage as a transformers folder: YaRN config, same logits, through the CLI
     out = tmp_path / "exported"

@@ -73,7 +73,7 @@ def test_overwrite_starts_a_clean_folder_and_export_reads_the_new_config(tmp_pat
     assert not (run_dir / ".hydra" / "restart-1").exists()
     assert "rope_theta: 10000" in (run_dir / ".hydra" / "config.yaml").read_text()
     steps = [int(r["step"]) for r in read_metrics(run_dir) if r.get("train/loss")]
-    assert max(steps) < 2  # only the new run's two steps (0 and 1), none of the old run's third
+    assert steps == [1, 2]  # one row per optimizer step of the new run; none of the old's third
     stored = read_stored_run(run_dir).model_config()
     assert stored.rope_theta == 10000
     weights = torch.load(last_checkpoint(run_dir), weights_only=True)["state_dict"]

@@ -105,7 +105,7 @@ def submitit_logs(sweep_root: Path) -> str:
 STEPS = [*TINY, "trainer.max_steps=3", "trainer.deterministic=true", "data.num_streams=2"]
 ONE_PROCESS = [
     "optim.accumulate_grad_batches=2",
-    "trainer.val_check_interval=6",  # micro-batches: after step 3
+    "trainer.val_check_interval=3",  # optimizer steps: after step 3
     "trainer.limit_val_batches=2",  # the 4 validation rows the two ranks share out
 ]
 TWO_NODES = ["trainer.accelerator=cpu", "trainer.num_nodes=2", "trainer.devices=1"]

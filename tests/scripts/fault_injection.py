@@ -12,6 +12,8 @@ Kinds:
   kill_in_save        kill -9 half-way through writing the first checkpoint at or after step N
                       (the bytes on disk are a truncated checkpoint)
   crash               kill -9 before training step N (a crash / OOM kill between checkpoints)
+  nan_loss            the final norm's output is NaN in the first micro-batch after step N (so
+                      step N + 1's loss and gradients are NaN; the weights stay finite)
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import signal
 import lightning as L
 import torch
 
-KINDS = ("sigterm_group", "sigterm_validation", "kill_in_save", "crash")
+KINDS = ("sigterm_group", "sigterm_validation", "kill_in_save", "crash", "nan_loss")
 
 
 class Fault(L.Callback):
@@ -35,6 +37,8 @@ class Fault(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.kind == "crash" and trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "nan_loss" and trainer.global_step == self.step and not self.fired:
+            self._fire(lambda: _nan_once(pl_module.model.norm))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step != self.step or self.fired:
@@ -52,6 +56,16 @@ class Fault(L.Callback):
         self.fired = True
         print(f"fault_injection: {self.kind} at step {self.step}", flush=True)
         action()
+
+
+def _nan_once(module: torch.nn.Module) -> None:
+    """``module``'s next output is NaN, once."""
+
+    def poison(_module, _inputs, output):
+        handle.remove()
+        return output * float("nan")
+
+    handle = module.register_forward_hook(poison)
 
 
 def _kill_during_next_save() -> None:

@@ -255,7 +255,7 @@ def test_resume_refuses_changed_settings(tmp_path):
     with pytest.raises(ValueError, match="seq_len"):
         other.load_state_dict(dm.state_dict())
     more_workers = module(folder, seq_len=64, num_workers=2)
-    with pytest.raises(ValueError, match=r"'num_streams': \(1, 2\).*set data.num_streams=1"):
+    with pytest.raises(ValueError, match=r"data.num_streams: 1 -> 2; .*set data.num_streams=1"):
         more_workers.load_state_dict(dm.state_dict())
 
 

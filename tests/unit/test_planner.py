@@ -91,11 +91,11 @@ def test_context_parallel_attention_saves_no_gathered_row():
     batch = PackedBatch.from_lengths(
         torch.randint(0, 512, (1, 1024)), [lengths], reset_position_ids=True
     )
-    shard = context_shard(batch, 1, 2, group="simulated")
+    shard = context_shard(batch, 1, 2, group="simulated", balance="head_tail")
     meta = build_attention_metadata(shard, "sdpa")
     q = torch.randn(1, 1024, 4, 64, requires_grad=True)
     k_row, v_row = (torch.randn(1, 1024, 2, 64, requires_grad=True) for _ in range(2))
-    idx = shard.global_index
+    idx = shard.global_index[0]  # one row
     saved = {}
 
     def pack(t):
@@ -223,7 +223,7 @@ def test_dry_run_prints_the_plan_and_allocates_nothing(tmp_path, capsys):
         (["trainer.accelerator=gpu", "planner.device_memory_gb=80"], "peak_flops_per_device"),
         (["planner.device=TPU"], "planner.device_memory_gb and peak_flops_per_device"),
         (["trainer.devices=2", "parallel.context_parallel=4"], "must divide the world size"),
-        (["trainer.devices=2", "parallel.context_parallel=2", "data.seq_len=250"], "multiple"),
+        (["trainer.devices=2", "parallel.context_parallel=2", "data.seq_len=251"], "multiple"),
     ],
 )
 def test_dry_run_bad_input_names_the_key(overrides, names, tmp_path):

@@ -250,16 +250,19 @@ def test_default_model_keeps_the_presets_whole_row_loss_chunk(tmp_path):
     assert config.loss_chunk_size == PRESETS["tiny"]["loss_chunk_size"] == 131072
 
 
+YARN = {"type": "yarn", "original_max_position": 64}
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
         ({"type": "ntk"}, "rope_scaling.type='ntk' is unknown; expected one of"),
         ({"factor": 1.0}, r"rope_scaling.factor=1.0; expected a factor > 1"),
         ({"type": "linear", "factor": 0.5}, r"rope_scaling.factor=0.5; expected a factor > 1"),
-        ({"type": "yarn", "beta_fast": 1.0, "beta_slow": 2.0}, "beta_fast=1.0 must be greater"),
-        ({"type": "yarn", "beta_slow": 0}, r"rope_scaling.beta_slow=0; expected a positive"),
-        ({"type": "yarn", "attention_factor": -1.0}, "attention_factor=-1.0; expected a positive"),
-        ({"type": "yarn", "truncate": "yes"}, "truncate='yes'; expected true or false"),
+        ({**YARN, "beta_fast": 1.0, "beta_slow": 2.0}, "beta_fast=1.0 must be greater"),
+        ({**YARN, "beta_slow": 0}, r"rope_scaling.beta_slow=0; expected a positive"),
+        ({**YARN, "attention_factor": -1.0}, "attention_factor=-1.0; expected a positive"),
+        ({**YARN, "truncate": "yes"}, "truncate='yes'; expected true or false"),
         ({"original_max_position": 0}, "original_max_position=0; expected a positive int"),
         ({"low_freq_factor": 2.0, "high_freq_factor": 1.0}, "high_freq_factor=1.0 must be greater"),
     ],

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from longctx.batch import PackedBatch, check_dense_mask_len
-from longctx.distributed.context_parallel import ContextShard, gather_row
+from longctx.distributed.context_parallel import ContextShard, gather_row, own_tokens
 from longctx.model.attention.base import AttentionBackend
 from longctx.model.attention.names import (
     ATTENTION_BACKENDS,
@@ -42,6 +42,7 @@ class EagerBackend(AttentionBackend):
     """The dense [B, L, L] (context parallel: [B, L/N, row_len]) mask: the reference."""
 
     name = EAGER
+    per_rank_key_spans = True
 
     def check(self, device, seq_len, *, chunks=1, training=False) -> None:
         check_dense_mask_len(seq_len, f"attn_backend={EAGER!r} builds a dense [B, L, L] mask and")
@@ -139,7 +140,8 @@ def build_attention_metadata(batch: PackedBatch, backend: str) -> AttentionMetad
                 f"a ContextShard of cp_size={shard.cp_size} needs the process group of its "
                 "ranks (context_shard(batch, rank, size, group)) to gather keys and values"
             )
-        chunks = 2 * shard.cp_size * shard.cp_rounds
+        owner.check_context_parallel(shard.balance)
+        chunks = shard.chunks
     owner.check(device, batch.row_len, chunks=chunks)
     b, length = batch.shape
     return AttentionMetadata(owner, b, length, device, owner.metadata(batch), shard)
@@ -165,10 +167,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tenso
 
 
 def context_attention(q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
-    """Local queries [B, L/N, H, D] against the whole rows' keys, gathered from the group."""
+    """Local queries [B, L/N, H, D] against the whole rows' keys, gathered from the group.
+
+    The local K/V are read back from the gathered rows: so every rank's backward runs the
+    gather's reduce-scatter, whatever its own pieces need. A rank holding only whole documents
+    would otherwise use no gathered key, skip it, and leave the other ranks waiting in theirs.
+    """
     shard = meta.shard
-    k_row, v_row = (gather_row(x, shard.group, shard.cp_size, shard.cp_rounds) for x in (k, v))
-    return attention_over_row(q, k, v, k_row, v_row, meta)
+    k_row, v_row = (gather_row(x, shard) for x in (k, v))
+    k_own, v_own = (own_tokens(x, shard) for x in (k_row, v_row))
+    return attention_over_row(q, k_own, v_own, k_row, v_row, meta)
 
 
 def attention_over_row(

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from longctx.batch import PackedBatch
+from longctx.distributed.cp_balance import DOCUMENTS
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -16,6 +17,9 @@ class AttentionBackend:
     whole-row batch, ``attend_row`` a shard's queries against the gathered rows' keys."""
 
     name: str
+    # context parallelism with a plan of documents (balance="documents"): the backend builds
+    # its metadata from each rank's own pieces and their key spans, not from equal chunks
+    per_rank_key_spans: bool = False
 
     def check(
         self, device: torch.device, seq_len: int, *, chunks: int = 1, training: bool = False
@@ -23,6 +27,15 @@ class AttentionBackend:
         """Refuse what this backend cannot run, saying why: rows of ``seq_len`` keys on
         ``device``, cut into ``chunks`` query chunks (context parallelism), with gradients
         when ``training``. The model checks at every forward; the app's preflight asks too."""
+
+    def check_context_parallel(self, balance: str) -> None:
+        """Refuse a context-parallel balancer whose shards this backend cannot attend."""
+        if balance == DOCUMENTS and not self.per_rank_key_spans:
+            raise ValueError(
+                f"context_parallel_balance={DOCUMENTS!r} needs an attention backend that takes "
+                f"per-rank key spans; attn_backend={self.name!r} does not: use "
+                "context_parallel_balance=head_tail or rounds with it"
+            )
 
     def check_device(self, device: torch.device) -> None:
         """Refuse a device this backend cannot run on (resolve_backend asks first)."""

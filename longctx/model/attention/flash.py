@@ -129,6 +129,7 @@ class FlashBackend(AttentionBackend):
     each piece being its document's span of the gathered row (causal mask bottom-right)."""
 
     name = FLASH
+    per_rank_key_spans = True
 
     def check_device(self, device: torch.device) -> None:
         if not available_flash_impls(device):

@@ -20,6 +20,7 @@ import functools
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -33,9 +34,11 @@ FLEX_BLOCK_SIZE = 128
 
 class FlexBackend(AttentionBackend):
     """FlexAttention under a document block mask. Context parallel: the shard's query tiles
-    against the whole rows' key tiles (each chunk must be whole tiles)."""
+    against the whole rows' key tiles, from the plan (the local rows, and under head-tail each
+    chunk, must be whole tiles)."""
 
     name = FLEX
+    per_rank_key_spans = True
 
     def check(self, device, seq_len, *, chunks=1, training=False) -> None:
         # a context-parallel shard's query tiles are rows of the row's tile map; training rows
@@ -95,23 +98,39 @@ def build_document_block_mask(batch: PackedBatch, block_size: int = FLEX_BLOCK_S
 
 
 def build_context_block_mask(shard: ContextShard, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
-    """Context parallelism: the shard's query tiles against the whole rows' key tiles.
+    """Context parallelism: the shard's local query tiles against the whole rows' key tiles.
 
-    The tiles are classified over the whole rows as above; the shard's query tiles are rows of
-    that map (its chunks are whole tiles), and the mask_mod maps local queries to row positions.
+    Built from the plan whatever the balancer: local query i (row position q_i) sees the keys
+    [start of its segment, q_i], so a key tile is *partial* for a query tile when any of the
+    tile's key ranges touches it, and *full* when every one covers it. The mask_mod maps local
+    queries to row positions. Every tensor has a shape fixed by (B, L/N, L): a new document
+    layout changes values only, so compiled flex does not recompile for it.
     """
-    b, n_tiles = shard.shape[0], shard.row_len // block_size
-    tiles = shard.row_doc_ids.view(b, n_tiles, block_size)
-    partial_BQK, full_BQK = _classify_tiles(tiles[..., 0], tiles[..., -1])
-    q_tiles = (shard.global_index[::block_size] // block_size).to(tiles.device)
-    row_pos, doc_ids = shard.global_index.to(tiles.device), shard.row_doc_ids
+    b, local_len = shard.shape
+    n_q, n_kv = -(-local_len // block_size), -(-shard.row_len // block_size)
+    row_pos = shard.global_index  # [B, L/N]
+    first_key = shard.row_doc_starts.to(row_pos.device).gather(1, row_pos)
+    pad = n_q * block_size - local_len  # a last partial query tile: its pad rows see nothing
+    lo = F.pad(first_key, (0, pad), value=shard.row_len).view(b, n_q, block_size)
+    hi = F.pad(row_pos, (0, pad), value=-1).view(b, n_q, block_size)
+    touched = torch.zeros(b, n_q, n_kv + 1, dtype=torch.int32, device=row_pos.device)
+    real = hi >= 0
+    ones = real.to(torch.int32)
+    touched.scatter_add_(2, (lo // block_size).clamp(max=n_kv) * real, ones)
+    touched.scatter_add_(2, (hi // block_size + 1).clamp(min=0) * real, -ones)
+    partial_BQK = touched.cumsum(2)[..., :n_kv] > 0
+    kv_tile = torch.arange(n_kv, device=row_pos.device)
+    # full: the tile lies inside every query's range [lo, hi] (a pad row makes none full)
+    max_lo, min_hi = lo.amax(2, keepdim=True), hi.amin(2, keepdim=True)
+    full_BQK = (kv_tile * block_size >= max_lo) & ((kv_tile + 1) * block_size - 1 <= min_hi)
+    doc_ids = shard.row_doc_ids.to(row_pos.device)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        q_pos = row_pos[q_idx]
+        q_pos = row_pos[b, q_idx]
         return (doc_ids[b, q_pos] == doc_ids[b, kv_idx]) & (q_pos >= kv_idx)
 
-    lengths = (shard.shape[1], shard.row_len)
-    return _block_mask(partial_BQK[:, q_tiles], full_BQK[:, q_tiles], mask_mod, block_size, lengths)
+    lengths = (local_len, shard.row_len)
+    return _block_mask(partial_BQK & ~full_BQK, full_BQK, mask_mod, block_size, lengths)
 
 
 def _block_mask(partial_BQK, full_BQK, mask_mod, block_size: int, seq_lengths) -> BlockMask:

@@ -237,7 +237,7 @@ def _gqa(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, dict]:
 @dataclasses.dataclass(frozen=True)
 class SdpaMetadata:
     """The plan over the batch's segments (a shard's local pieces) and, for a ContextShard,
-    the pieces whose document began on an earlier chunk.
+    the pieces whose document began before them in the row (their key prefix).
 
     prefixed: (flat query start, query length, flat key start, key length) of each such piece,
         over the local B*L/N queries and the gathered B*L keys; prefixed_query_index /
@@ -251,11 +251,13 @@ class SdpaMetadata:
 
 
 class SdpaBackend(AttentionBackend):
-    """Per-document SDPA. Context parallel: the local K/V serve every piece whose document
-    starts in the chunk; the at most 2k pieces per row whose document started earlier (one per
-    chunk, at its first token) are recomputed against the gathered keys and spliced in."""
+    """Per-document SDPA. Context parallel: the local K/V serve every piece that starts its
+    document (a whole document, a split one's head); the pieces whose document started
+    earlier (under head-tail at most one per chunk; under documents the non-head pieces of
+    split documents) are recomputed against the gathered keys and spliced in."""
 
     name = SDPA
+    per_rank_key_spans = True
 
     def metadata(self, batch: PackedBatch) -> SdpaMetadata:
         plan = build_sdpa_plan(batch)
