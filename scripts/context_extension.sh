@@ -15,8 +15,8 @@
 # Sizes from the environment: SEEDS (training seeds, default "0 1"; seed S runs in RUNS_ROOT/seedS),
 # SEQ1 (stage 1's length, default 256; stage 2 is 8x it), STEPS1 (default 600 steps of 8 x SEQ1),
 # STEPS2 (150 steps of 1 x 8 SEQ1 per arm), PROBE_SAMPLES (4 per length and depth), RULER_SAMPLES
-# (4 per task, length and depth), MIX_SEED (1000), MIX_DOCUMENTS (4000 per task), INSTANCE_SEED
-# (0); FIGURE (default docs/context_extension.png: each seed's table and numbers go beside it as
+# (4 per task, length and depth), MIX_SEED (1000), MIX_TASKS (kv_recall,copy,passkey,niah_single),
+# MIX_DOCUMENTS (4000 per task), INSTANCE_SEED (0); FIGURE (default docs/context_extension.png: each seed's table and numbers go beside it as
 # _s<seed>.png/.json, the suite's report as _ruler.json/.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +26,7 @@ shift || true
 SEEDS="${SEEDS:-0 1}" SEQ1="${SEQ1:-256}" STEPS1="${STEPS1:-600}" STEPS2="${STEPS2:-150}"
 PROBE_SAMPLES="${PROBE_SAMPLES:-4}" RULER_SAMPLES="${RULER_SAMPLES:-4}" SEQ2=$(( 8 * SEQ1 ))
 MIX_SEED="${MIX_SEED:-1000}" MIX_DOCUMENTS="${MIX_DOCUMENTS:-4000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
+MIX_TASKS="${MIX_TASKS:-kv_recall,copy,passkey,niah_single}"
 FIGURE="${FIGURE:-docs/context_extension.png}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
 TASKS="passkey,niah_single,copy"
@@ -41,11 +42,13 @@ for seed in $SEEDS; do
   fi
 done
 start=$SECONDS
+# the mix of a length: its name says what it holds (a folder of that name is reused)
+mix_of() { echo "$CACHE/ruler_mix_L$1_s${MIX_SEED}_n${MIX_DOCUMENTS}_${MIX_TASKS//,/-}"; }
 for length in "$SEQ1" "$SEQ2"; do
-  mix="$CACHE/ruler_mix_L${length}_s${MIX_SEED}"
+  mix="$(mix_of "$length")"
   if [ ! -e "$mix/manifest.json" ]; then
-    "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
-      --documents "$MIX_DOCUMENTS" --min-length 32 --max-length "$length" --out "$mix" \
+    "$PY" -m longctx.data.synthesize --tasks "$MIX_TASKS" --seed "$MIX_SEED" \
+      --documents "$MIX_DOCUMENTS" --min-length 16 --max-length "$length" --out "$mix" \
       --cache-dir "$CACHE"
   fi
 done
@@ -55,12 +58,12 @@ for seed in $SEEDS; do
   stage1="$runs/outputs/train/stage1"
   "$PY" train.py experiment=context_extension_stage1 run_name=stage1 "paths.root_dir=$runs" \
     logger=csv "paths.cache_dir=$CACHE" "seed=$seed" "data.seq_len=$SEQ1" \
-    "ruler_mix=$CACHE/ruler_mix_L${SEQ1}_s${MIX_SEED}" "trainer.max_steps=$STEPS1" \
+    "ruler_mix=$(mix_of "$SEQ1")" "trainer.max_steps=$STEPS1" \
     "trainer.val_check_interval=$(( STEPS1 < 200 ? STEPS1 : 200 ))" "$@"
 
   "$PY" train.py -m experiment=context_extension "model.init_from=$stage1" \
     "paths.root_dir=$runs" logger=csv "paths.cache_dir=$CACHE" "seed=$seed" \
-    "stage1_seq_len=$SEQ1" "data.seq_len=$SEQ2" "ruler_mix=$CACHE/ruler_mix_L${SEQ2}_s${MIX_SEED}" \
+    "stage1_seq_len=$SEQ1" "data.seq_len=$SEQ2" "ruler_mix=$(mix_of "$SEQ2")" \
     "trainer.max_steps=$STEPS2" "trainer.val_check_interval=$(( STEPS2 < 50 ? STEPS2 : 50 ))" "$@"
   sweep="$(ls -d "$runs"/multirun/train/* | sort | tail -1)"
 

@@ -9,7 +9,8 @@
 #   scripts/position_ablation.sh [RUNS_ROOT] [extra overrides ...]
 #
 # From the environment: MODEL (tiny), SEQ (4096), STEPS (300), MIX_SEED (1000), INSTANCE_SEED (0),
-# SAMPLES (4 per task, length and depth), OUT (docs/position_ablation_mix: .png/.json for the loss,
+# SAMPLES (4 per task, length and depth), TASKS and LENGTHS of the final evaluation (four tasks at
+# SEQ/4, SEQ/2, SEQ, 2 SEQ), MIX_DOCUMENTS (4000 per task), OUT (docs/position_ablation_mix: .png/.json for the loss,
 # _ruler.*). The positive control needed ~20 M tokens before tiny_long copied at a distance
 # (docs/effective-length.md); 300 x 4096 is 1.2 M per run.
 set -euo pipefail
@@ -19,9 +20,11 @@ ROOT="${1:-outputs/position_ablation}"
 shift || true
 MODEL="${MODEL:-tiny}" SEQ="${SEQ:-4096}" STEPS="${STEPS:-300}" MIX_SEED="${MIX_SEED:-1000}"
 INSTANCE_SEED="${INSTANCE_SEED:-0}" SAMPLES="${SAMPLES:-4}" OUT="${OUT:-docs/position_ablation_mix}"
-TASKS="passkey,niah_single,niah_multikey,copy"
+DOCS="${MIX_DOCUMENTS:-4000}"
+TASKS="${TASKS:-passkey,niah_single,niah_multikey,copy}"
+LENGTHS="${LENGTHS:-$(( SEQ / 4 )) $(( SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
-MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}"
+MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}_n${DOCS}"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
 if [ -e "$ROOT/multirun" ]; then
   echo "position_ablation: $ROOT/multirun exists (an earlier run); pass another RUNS_ROOT" >&2
@@ -30,7 +33,7 @@ fi
 start=$SECONDS
 if [ ! -e "$MIX/manifest.json" ]; then
   "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
-    --documents 4000 --min-length 64 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
+    --documents "$DOCS" --min-length 64 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
 fi
 "$PY" train.py -m experiment=position_ablation "model=$MODEL" "paths.root_dir=$ROOT" logger=csv \
   "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "data.seq_len=$SEQ" data.micro_batch_size=1 \
@@ -38,12 +41,12 @@ fi
 sweep="$(ls -d "$ROOT"/multirun/train/* | sort | tail -1)"
 for run in "$sweep"/*/; do
   "$PY" -m longctx.eval "$run/checkpoints/last.ckpt" --suite ruler --tasks "$TASKS" \
-    --lengths $(( SEQ / 4 )) $(( SEQ / 2 )) "$SEQ" $(( 2 * SEQ )) --depths 0 0.25 0.5 0.75 1 \
+    --lengths $LENGTHS --depths 0 0.25 0.5 0.75 1 \
     --samples "$SAMPLES" --seed "$INSTANCE_SEED" --cache-dir "$CACHE"
 done
 seconds=$(( SECONDS - start ))
 note="$MODEL, L=$SEQ, $STEPS steps x 1 row per arm and seed, the embedded corpus + the long-range mix (seed $MIX_SEED) 1:1, train seeds 0 and 1, instance seed $INSTANCE_SEED; ${seconds} s wall"
-"$PY" -m longctx.analysis "$sweep" --out "$OUT.png" --title "$note"
+"$PY" -m longctx.experiments.analysis "$sweep" --out "$OUT.png" --title "$note"
 "$PY" -m longctx.experiments.ruler_report "$sweep" --arm-by position --json "${OUT}_ruler.json" \
   --extra "{\"mix_seed\": $MIX_SEED, \"mix\": \"$(basename "$MIX")\", \"train_seeds\": [0, 1], \"wall_s\": $seconds}" \
   --note "$note"

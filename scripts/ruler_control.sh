@@ -10,20 +10,21 @@
 #
 # From the environment: SEQ (training length, default 256), SEED (training seed, 0), MIX_SEED
 # (the synthesized mix's seed, 1000), INSTANCE_SEED (the suite's, 0), SAMPLES (per task, length
-# and depth, 10), LENGTHS (default SEQ/2 (>= 192), SEQ, 2 SEQ), OUT (default
-# docs/ruler_control.json; the figure goes beside it as .png).
+# and depth, 10), LENGTHS (default SEQ/2 (>= 192), SEQ, 2 SEQ), MIX_DOCUMENTS (20000 per task;
+# the repeat folder 3x), OUT (default docs/ruler_control.json; the figure goes beside it as .png).
+# A folder of the mix's name in the cache is reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 ROOT="${1:-outputs/ruler_control}"
 shift || true
 SEQ="${SEQ:-256}" SEED="${SEED:-0}" MIX_SEED="${MIX_SEED:-1000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
-SAMPLES="${SAMPLES:-10}" OUT="${OUT:-docs/ruler_control.json}"
-TASKS="passkey,niah_single,niah_multikey,copy"
+SAMPLES="${SAMPLES:-10}" OUT="${OUT:-docs/ruler_control.json}" DOCS="${MIX_DOCUMENTS:-20000}"
+TASKS="passkey,niah_single,copy"
 # half the training length (at least the needle tasks' minimum), the training length, twice it
 LENGTHS="${LENGTHS:-$(( SEQ / 2 < 192 ? 192 : SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
-MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}" REPEAT="$CACHE/ruler_repeat_L${SEQ}_s$(( MIX_SEED + 1 ))"
+MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}_n${DOCS}" REPEAT="$CACHE/ruler_repeat_L${SEQ}_s$(( MIX_SEED + 1 ))_n$(( 3 * DOCS ))"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
 if [ -e "$ROOT/outputs/train" ]; then
   echo "ruler_control: $ROOT/outputs/train exists (an earlier run); pass another RUNS_ROOT" >&2
@@ -32,10 +33,10 @@ fi
 start=$SECONDS
 if [ ! -e "$MIX/manifest.json" ]; then
   "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
-    --documents 20000 --min-length 32 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
+    --documents "$DOCS" --min-length 32 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
 fi
 if [ ! -e "$REPEAT/manifest.json" ]; then
-  "$PY" -m longctx.data.synthesize --tasks repeat --seed $(( MIX_SEED + 1 )) --documents 60000 \
+  "$PY" -m longctx.data.synthesize --tasks repeat --seed $(( MIX_SEED + 1 )) --documents $(( 3 * DOCS )) \
     --min-length 16 --max-length "$SEQ" --out "$REPEAT" --cache-dir "$CACHE"
 fi
 declare -A wall

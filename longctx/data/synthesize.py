@@ -36,12 +36,12 @@ import hashlib
 import json
 import math
 import random
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from longctx.cli import command
 from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, load_manifest, write_manifest
 from longctx.data.tokenizer import load_tokenizer
 from longctx.eval.ruler.generate import build_tokens, fill
@@ -106,6 +106,8 @@ def document(name: str, index: int, seed: int, tokenizer, lengths, haystack) -> 
     enc = lambda text: encode(tokenizer, text)  # noqa: E731
     if name in DENSE:
         layout = DENSE[name](rng, enc, length)
+        if layout.fixed_tokens > high:
+            raise RulerInputError(f"{name} does not fit --max-length {high}; raise it")
         length = max(length, layout.fixed_tokens)  # a short draw still holds one needle
         tokens, _, _ = fill(layout, name, tokenizer, length - 1, rng, haystack)
     else:
@@ -218,14 +220,10 @@ def main(argv: Sequence[str] | None = None) -> Manifest:
     p.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder")
     p.add_argument("--cache-dir", default=None, help="where the embedded corpus is prepared")
     args = p.parse_args(argv)
-    try:
-        manifest = synthesize(
-            args.tasks, args.out, args.seed, args.documents, args.min_length, args.max_length,
-            args.haystack, args.tokenizer, args.cache_dir,
-        )  # fmt: skip
-    except (RulerInputError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    manifest = synthesize(
+        args.tasks, args.out, args.seed, args.documents, args.min_length, args.max_length,
+        args.haystack, args.tokenizer, args.cache_dir,
+    )  # fmt: skip
     train = manifest.splits["train"]
     print(
         f"{args.out}: {train.documents} documents, {train.tokens} tokens ({manifest.dtype}), "
@@ -234,5 +232,7 @@ def main(argv: Sequence[str] | None = None) -> Manifest:
     return manifest
 
 
+cli = command(main)  # python -m: one-line errors, exit 2
+
 if __name__ == "__main__":
-    main()
+    cli()

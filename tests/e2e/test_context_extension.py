@@ -53,6 +53,7 @@ def test_recipe_runs_end_to_end_at_toy_size(tmp_path):
         "SEEDS": "0",
         "SEQ1": "32",
         "MIX_DOCUMENTS": "40",
+        "MIX_TASKS": "repeat",  # what fits stage 1's 32 tokens
         "RULER_SAMPLES": "1",
         "STEPS1": "2",
         "STEPS2": "1",

@@ -25,7 +25,7 @@ def trained_run(tmp_path_factory):
     """Two steps of tiny_long with the suite in the loop, logged to offline W&B (and its CSV)."""
     tmp = tmp_path_factory.mktemp("rulerrun")
     run_train([*FAST, "run_name=r", "model=tiny_long", "logger=wandb", "callbacks=ruler",
-               "data.seq_len=128", "trainer.max_steps=2", "trainer.val_check_interval=1",
+               "data.seq_len=256", "trainer.max_steps=2", "trainer.val_check_interval=1",
                "callbacks.ruler.tasks=[passkey,copy]", "callbacks.ruler.lengths=[96,128]",
                "callbacks.ruler.depths=[0.0,1.0]", "callbacks.ruler.samples=2"], tmp)  # fmt: skip
     return tmp / "outputs" / "train" / "r"
@@ -67,7 +67,7 @@ def test_an_export_scores_as_the_run_it_came_from(trained_run, tmp_path):
     from longctx.hf.export import export
 
     ckpt = trained_run / "checkpoints" / "last.ckpt"
-    hf = export(ckpt, tmp_path / "hf")
+    hf = export(ckpt, tmp_path / "hf").folder  # max_position_embeddings: the trained 256
     common = ["--suite", "ruler", "--tasks", "passkey,niah_single,copy", "--lengths", "200",
               "--depths", "0", "1", "--samples", "3", "--cache-dir", str(CACHE_DIR)]  # fmt: skip
     ours = cli.main([str(ckpt), "--out", str(tmp_path / "ours"), *common])

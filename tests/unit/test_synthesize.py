@@ -11,7 +11,7 @@ import pytest
 from helpers import CACHE_DIR
 
 from longctx.data import ByteTokenizer, DataConfig, LongCtxDataModule, ShardSet
-from longctx.data.synthesize import holds_only_training_haystacks, main, synthesize
+from longctx.data.synthesize import cli, holds_only_training_haystacks, synthesize
 from longctx.eval.long_documents import load_long_documents
 from longctx.eval.ruler import RulerInputError
 from longctx.eval.ruler.instances import resolve_haystack
@@ -108,12 +108,12 @@ def test_bad_input_is_refused(tmp_path, capsys):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "notes.txt").write_text("mine")
     with pytest.raises(SystemExit) as exit_:
-        main(["--tasks", "copy", "--out", str(tmp_path / "full")])
+        cli(["--tasks", "copy", "--out", str(tmp_path / "full")])
     assert exit_.value.code == 2
     assert "error: --out is not a new or empty folder" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["notes.txt"]
     with pytest.raises(SystemExit):
-        main(["--tasks", "copy,bogus", "--out", str(tmp_path / "new")])
+        cli(["--tasks", "copy,bogus", "--out", str(tmp_path / "new")])
     assert "error: unknown task ('bogus')" in capsys.readouterr().err
     with pytest.raises(RulerInputError, match=r"max_length=16; expected an int >= min_length=32"):
         synthesize("copy", tmp_path / "x", min_length=32, max_length=16)
