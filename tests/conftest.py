@@ -41,3 +41,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_position_ablation(tmp_path_factory) -> list[str]:
+    """Overrides that shrink ``experiment=position_ablation`` to 256-token rows: a small
+    synthesized long-range mix beside the embedded corpus, the 2x2 grid of one seed, and the
+    in-loop suite's tasks that fit 256 tokens."""
+    from helpers import CACHE_DIR
+
+    from longctx.data.synthesize import synthesize
+
+    out = tmp_path_factory.mktemp("ruler_mix") / "mix"
+    tasks = "kv_recall,copy,passkey,niah_single"
+    synthesize(tasks, out, seed=1000, documents=50, max_length=256, cache_dir=str(CACHE_DIR))
+    return ["experiment=position_ablation", f"ruler_mix={out}", "seed=0",
+            "callbacks.ruler.tasks=[passkey,niah_single,copy]"]  # fmt: skip

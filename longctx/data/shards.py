@@ -141,7 +141,8 @@ def load_manifest(folder: str | Path) -> Manifest:
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} does not exist; expected a folder prepared by "
-            "`python -m longctx.data.prepare` (an interrupted prepare leaves no manifest)"
+            "`python -m longctx.data.prepare` or written by `python -m longctx.data.synthesize` "
+            "(an interrupted one leaves no manifest)"
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import fcntl
+import hashlib
 import os
 import shutil
 import socket
@@ -114,6 +115,21 @@ def config_subdir(run_dir: str) -> str:
     while (base / f"restart-{n}").exists():
         n += 1
     return f"{HYDRA_DIR}/restart-{n}"
+
+
+# the longest file name Linux filesystems take (NAME_MAX, in bytes)
+NAME_MAX = 255
+
+
+def sweep_subdir(override_dirname: str) -> str:
+    """``hydra.sweep.subdir``: a sweep job's folder, named after its overrides as Hydra does;
+    past a file name's limit (a few long values, a list of tasks), their first bytes and a hash
+    of the whole, so the job still starts and two jobs never share a folder."""
+    name = override_dirname.encode()
+    if len(name) <= NAME_MAX:
+        return override_dirname
+    digest = hashlib.sha256(name).hexdigest()[:16]
+    return name[: NAME_MAX - len(digest) - 3].decode(errors="ignore") + f"...{digest}"
 
 
 def remove_if_only_bookkeeping(run_dir: Path) -> bool:

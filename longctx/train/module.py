@@ -416,3 +416,9 @@ class LongCtxModule(L.LightningModule):
         self.log_dict(metrics, batch_size=1, sync_dist=False)
         # the x-axis of this row (and of the callbacks' validation metrics logged with it)
         self.log(STEP_KEY, float(self.global_step), batch_size=1, prog_bar=False)
+
+    def on_validation_end(self) -> None:
+        # Lightning keeps the logged step among the callback metrics, and ModelCheckpoint names
+        # its files from that ``step`` when present: left there, the save at step 8 would be
+        # named (and overwrite) the step-4 file of the last validation. Callbacks ran already.
+        self.trainer.callback_metrics.pop(STEP_KEY, None)

@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from longctx.distributed.slurm import checked_num_nodes, slurm_job_label
-from longctx.runs.folder import config_subdir, newest_resumable_run
+from longctx.runs.folder import config_subdir, newest_resumable_run, sweep_subdir
 from longctx.train.preflight import ConfigError
 
 
@@ -50,6 +50,8 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("longctx_config_subdir"):
         # cached: decided once per start, before Hydra writes the config it names
         OmegaConf.register_new_resolver("longctx_config_subdir", config_subdir, use_cache=True)
+    if not OmegaConf.has_resolver("longctx_sweep_subdir"):
+        OmegaConf.register_new_resolver("longctx_sweep_subdir", sweep_subdir)
     if not OmegaConf.has_resolver("longctx_slurm_nodes"):
         # conf/hydra/launcher/slurm.yaml: refuse a node count / partition the cluster lacks
         OmegaConf.register_new_resolver("longctx_slurm_nodes", checked_num_nodes)

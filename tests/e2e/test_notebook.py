@@ -44,10 +44,10 @@ def cell_text(nb) -> str:
 
 
 @pytest.mark.slow
-def test_notebook_executes_on_a_tiny_ablation(tmp_path):
+def test_notebook_executes_on_a_tiny_ablation(tmp_path, tiny_position_ablation):
     run_train(
         [
-            "experiment=position_ablation",
+            *tiny_position_ablation,
             *FAST,
             "logger=wandb",
             "trainer.max_steps=4",

@@ -208,9 +208,9 @@ def test_context_parallel_group_across_two_nodes_equals_one_process(tmp_path, on
 
 
 @on_slurm
-def test_ablation_sweep_is_a_job_array(tmp_path):
+def test_ablation_sweep_is_a_job_array(tmp_path, tiny_position_ablation):
     run_train(
-        ["-m", "experiment=position_ablation", "hydra/launcher=slurm",
+        ["-m", *tiny_position_ablation, "hydra/launcher=slurm",
          "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10",
          "trainer.max_steps=2", "trainer.val_check_interval=2", *TINY],
         tmp_path,

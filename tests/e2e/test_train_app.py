@@ -129,6 +129,10 @@ def test_resume_is_exact(tmp_path):
     keep = ["callbacks.checkpoint.every_n_train_steps=4", "callbacks.checkpoint.save_top_k=-1"]
     run_train([*RESUME, *keep, "run_name=full"], tmp_path)
     full = tmp_path / "outputs" / "train" / "full"
+    # each step's file holds that step (a validation's logged step once named the step-8 save)
+    saved = {p.name: torch.load(p, weights_only=True)["global_step"]
+             for p in (full / "checkpoints").glob("*step=*.ckpt")}  # fmt: skip
+    assert saved == {"epoch=0-step=4.ckpt": 4, "epoch=0-step=8.ckpt": 8}
     mid = tmp_path / "step4.ckpt"  # a plain name: '=' in Lightning's would need Hydra quoting
     next((full / "checkpoints").glob("*step=4.ckpt")).rename(mid)
     run_train([*RESUME, "run_name=resumed", f"ckpt_path={mid}"], tmp_path)
@@ -174,11 +178,11 @@ def test_golden_loss_curve(tmp_path):
 
 
 @pytest.mark.slow
-def test_ablation_multirun_offline_wandb(tmp_path):
+def test_ablation_multirun_offline_wandb(tmp_path, tiny_position_ablation):
     proc = run_train(
         [
             "-m",
-            "experiment=position_ablation",
+            *tiny_position_ablation,
             *FAST,
             "logger=wandb",
             "trainer.max_steps=3",
