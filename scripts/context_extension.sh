@@ -17,7 +17,9 @@
 # STEPS2 (150 steps of 1 x 8 SEQ1 per arm), PROBE_SAMPLES (4 per length and depth), RULER_SAMPLES
 # (4 per task, length and depth), MIX_SEED (1000), MIX_TASKS (kv_recall,copy,passkey,niah_single),
 # MIX_DOCUMENTS (4000 per task), INSTANCE_SEED (0); FIGURE (default docs/context_extension.png: each seed's table and numbers go beside it as
-# _s<seed>.png/.json, the suite's report as _ruler.json/.png).
+# _s<seed>.png/.json, the suite's report as _ruler.json/.png); STAGE1 (a trained run folder or
+# checkpoint to extend instead of training stage 1: every seed's stage 2 starts from it, and the
+# extra overrides must name its model, e.g. model=tiny_long model.rope_theta=10000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -36,7 +38,7 @@ LENGTHS=$(printf '%s\n' "$LOW" $(( SEQ2 / 2 )) "$SEQ2" $(( 2 * SEQ2 )) $(( 4 * S
   | awk -v low="$LOW" '$1 >= low' | sort -n -u | tr '\n' ' ')
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
 for seed in $SEEDS; do
-  if [ -e "$ROOT/seed$seed/outputs/train/stage1" ]; then
+  if [ -e "$ROOT/seed$seed/outputs/train/stage1" ] || [ -e "$ROOT/seed$seed/multirun" ]; then
     echo "context_extension: $ROOT/seed$seed exists (an earlier recipe run); pass another RUNS_ROOT" >&2
     exit 2
   fi
@@ -44,7 +46,10 @@ done
 start=$SECONDS
 # the mix of a length: its name says what it holds (a folder of that name is reused)
 mix_of() { echo "$CACHE/ruler_mix_L$1_s${MIX_SEED}_n${MIX_DOCUMENTS}_${MIX_TASKS//,/-}"; }
-for length in "$SEQ1" "$SEQ2"; do
+STAGE1="${STAGE1:-}"
+if [ -n "$STAGE1" ]; then stage1_note="stage 1: $STAGE1 (given)"
+else stage1_note="tiny, stage 1: $STEPS1 x 8 x $SEQ1"; fi
+for length in $([ -n "$STAGE1" ] || echo "$SEQ1") "$SEQ2"; do
   mix="$(mix_of "$length")"
   if [ ! -e "$mix/manifest.json" ]; then
     "$PY" -m longctx.data.synthesize --tasks "$MIX_TASKS" --seed "$MIX_SEED" \
@@ -55,11 +60,13 @@ done
 
 for seed in $SEEDS; do
   runs="$ROOT/seed$seed"
-  stage1="$runs/outputs/train/stage1"
-  "$PY" train.py experiment=context_extension_stage1 run_name=stage1 "paths.root_dir=$runs" \
-    logger=csv "paths.cache_dir=$CACHE" "seed=$seed" "data.seq_len=$SEQ1" \
-    "ruler_mix=$(mix_of "$SEQ1")" "trainer.max_steps=$STEPS1" \
-    "trainer.val_check_interval=$(( STEPS1 < 200 ? STEPS1 : 200 ))" "$@"
+  stage1="${STAGE1:-$runs/outputs/train/stage1}"
+  if [ -z "$STAGE1" ]; then
+    "$PY" train.py experiment=context_extension_stage1 run_name=stage1 "paths.root_dir=$runs" \
+      logger=csv "paths.cache_dir=$CACHE" "seed=$seed" "data.seq_len=$SEQ1" \
+      "ruler_mix=$(mix_of "$SEQ1")" "trainer.max_steps=$STEPS1" \
+      "trainer.val_check_interval=$(( STEPS1 < 200 ? STEPS1 : 200 ))" "$@"
+  fi
 
   "$PY" train.py -m experiment=context_extension "model.init_from=$stage1" \
     "paths.root_dir=$runs" logger=csv "paths.cache_dir=$CACHE" "seed=$seed" \
@@ -76,11 +83,11 @@ for seed in $SEEDS; do
   done
   "$PY" -m longctx.experiments.extension_report "$sweep" --out "${FIGURE%.*}_s$seed.png" \
     --json "${FIGURE%.*}_s$seed.json" --note \
-    "tiny, seed $seed, stage 1: $STEPS1 x 8 x $SEQ1, stage 2: $STEPS2 x 1 x $SEQ2 per arm, the long-range mix (seed $MIX_SEED) 1:1; $(( SECONDS - start )) s wall so far"
+    "seed $seed, $stage1_note, stage 2: $STEPS2 x 1 x $SEQ2 per arm, the long-range mix (seed $MIX_SEED) 1:1; $(( SECONDS - start )) s wall so far"
 done
 seconds=$(( SECONDS - start ))
 "$PY" -m longctx.experiments.ruler_report "$ROOT" --arm-by rope_arm --control unchanged \
   --json "${FIGURE%.*}_ruler.json" \
   --extra "{\"train_seeds\": [$(echo $SEEDS | tr ' ' ',')], \"mix_seed\": $MIX_SEED, \"final_length\": $SEQ2, \"wall_s\": $seconds}" \
-  --note "tiny, stage 1: $STEPS1 x 8 x $SEQ1, stage 2: $STEPS2 x 1 x $SEQ2 per RoPE arm, seeds $SEEDS, the long-range mix (seed $MIX_SEED) 1:1, instance seed $INSTANCE_SEED; ${seconds} s wall"
+  --note "$stage1_note, stage 2: $STEPS2 x 1 x $SEQ2 per RoPE arm, seeds $SEEDS, the long-range mix (seed $MIX_SEED) 1:1, instance seed $INSTANCE_SEED; ${seconds} s wall"
 echo "context_extension: ${seconds} s in all; results in $ROOT"

@@ -11,7 +11,8 @@
 # From the environment: SEQ (training length, default 256), SEED (training seed, 0), MIX_SEED
 # (the synthesized mix's seed, 1000), INSTANCE_SEED (the suite's, 0), SAMPLES (per task, length
 # and depth, 10), LENGTHS (default SEQ/2 (>= 192), SEQ, 2 SEQ), MIX_DOCUMENTS (20000 per task;
-# the repeat folder 3x), OUT (default docs/ruler_control.json; the figure goes beside it as .png).
+# the repeat folder 3x), OUT (default docs/ruler_control.json; the figure goes beside it as .png),
+# PARALLEL (1: the two arms at once, one thread each, their logs in RUNS_ROOT/<arm>.log; 0: in turn).
 # A folder of the mix's name in the cache is reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ PY="${PYTHON:-.venv/bin/python}"
 ROOT="${1:-outputs/ruler_control}"
 shift || true
 SEQ="${SEQ:-256}" SEED="${SEED:-0}" MIX_SEED="${MIX_SEED:-1000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
-SAMPLES="${SAMPLES:-10}" OUT="${OUT:-docs/ruler_control.json}" DOCS="${MIX_DOCUMENTS:-20000}"
+SAMPLES="${SAMPLES:-10}" PARALLEL="${PARALLEL:-1}" OUT="${OUT:-docs/ruler_control.json}" DOCS="${MIX_DOCUMENTS:-20000}"
 TASKS="passkey,niah_single,copy"
 # half the training length (at least the needle tasks' minimum), the training length, twice it
 LENGTHS="${LENGTHS:-$(( SEQ / 2 < 192 ? 192 : SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
@@ -39,21 +40,35 @@ if [ ! -e "$REPEAT/manifest.json" ]; then
   "$PY" -m longctx.data.synthesize --tasks repeat --seed $(( MIX_SEED + 1 )) --documents $(( 3 * DOCS )) \
     --min-length 16 --max-length "$SEQ" --out "$REPEAT" --cache-dir "$CACHE"
 fi
-declare -A wall
-for arm in ruler_control ruler_control_nomix; do
-  t=$SECONDS
+# one arm: train, then score on the suite; its wall time goes to $ROOT/<arm>.wall_s
+run_arm() {
+  local arm=$1 t=$SECONDS
   "$PY" train.py "experiment=$arm" "run_name=$arm" "paths.root_dir=$ROOT" logger=csv \
     "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "ruler_repeat=$REPEAT" "seed=$SEED" \
     "data.seq_len=$SEQ" "$@"
   "$PY" -m longctx.eval "$ROOT/outputs/train/$arm/checkpoints/last.ckpt" --suite ruler \
     --tasks "$TASKS" --lengths $LENGTHS --depths 0 0.25 0.5 0.75 1 --samples "$SAMPLES" \
     --seed "$INSTANCE_SEED" --cache-dir "$CACHE"
-  wall[$arm]=$(( SECONDS - t ))
-done
+  echo $(( SECONDS - t )) > "$ROOT/$arm.wall_s"
+}
+mkdir -p "$ROOT"
+if [ "$PARALLEL" = 1 ]; then
+  # the two arms side by side, a core (one thread) each: the same wall as one arm on a 2-core
+  # machine, where two threads of one tiny model gain little
+  OMP_NUM_THREADS=1 run_arm ruler_control "$@" > "$ROOT/ruler_control.log" 2>&1 & control=$!
+  OMP_NUM_THREADS=1 run_arm ruler_control_nomix "$@" > "$ROOT/ruler_control_nomix.log" 2>&1 & nomix=$!
+  status=0
+  wait "$control" || { status=$?; echo "ruler_control failed: $ROOT/ruler_control.log" >&2; }
+  wait "$nomix" || { status=$?; echo "ruler_control_nomix failed: $ROOT/ruler_control_nomix.log" >&2; }
+  [ "$status" = 0 ] || exit "$status"
+else
+  run_arm ruler_control "$@"
+  run_arm ruler_control_nomix "$@"
+fi
 seconds=$(( SECONDS - start ))
 extra=$(printf '{"control_arm": "ruler_control", "negative_arm": "ruler_control_nomix", "train_seed": %s, "mix_seed": %s, "mix": ["%s", "%s"], "training_length": %s, "wall_s": %s, "arm_wall_s": {"ruler_control": %s, "ruler_control_nomix": %s}}' \
   "$SEED" "$MIX_SEED" "$(basename "$MIX")" "$(basename "$REPEAT")" "$SEQ" "$seconds" \
-  "${wall[ruler_control]}" "${wall[ruler_control_nomix]}")
+  "$(cat "$ROOT/ruler_control.wall_s")" "$(cat "$ROOT/ruler_control_nomix.wall_s")")
 "$PY" -m longctx.experiments.ruler_report "$ROOT/outputs/train" --arm-by group --control ruler_control \
   --json "$OUT" --extra "$extra" \
   --note "positive control: tiny_long at $SEQ tokens with the long-range mix (ruler_control) and without it (ruler_control_nomix), train seed $SEED, mix seed $MIX_SEED, instance seed $INSTANCE_SEED; ${seconds} s wall"

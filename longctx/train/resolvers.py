@@ -7,15 +7,24 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from longctx.cli import exit_on_user_error
 from longctx.distributed.slurm import checked_num_nodes, slurm_job_label
 from longctx.runs.folder import config_subdir, newest_resumable_run, sweep_subdir
 from longctx.train.preflight import ConfigError
 
 
-def run_dir(runs_dir: str, run_name: str, ckpt_path: str | None) -> str:
+def run_dir(runs_dir: str, run_name: str | int, ckpt_path: str | None) -> str:
     """The run folder: named, the newest resumable one (ckpt_path=last), inside a SLURM job
     slurm-<job id> (every rank and a requeued job find the same folder), or a new timestamped one."""
     root = Path(runs_dir)
+    if isinstance(run_name, int) and not isinstance(run_name, bool):
+        run_name = str(run_name)  # run_name=123: the folder the user typed
+    if not isinstance(run_name, str) or not run_name:
+        raise ConfigError(
+            f"run_name={run_name!r}; expected a folder name or auto (the command line reads "
+            f"1e3, nan, true as numbers or booleans: quote one to name a folder so, "
+            f"run_name=\"'{run_name}'\")"
+        )
     if run_name != "auto":
         return str(root / run_name)
     if ckpt_path == "last":
@@ -35,6 +44,15 @@ def run_dir(runs_dir: str, run_name: str, ckpt_path: str | None) -> str:
     return str(candidate)
 
 
+def run_dir_or_exit(runs_dir: str, run_name, ckpt_path: str | None) -> str:
+    """``hydra.run.dir``: Hydra resolves it before the job starts, where a refusal would come
+    out as its traceback; said here as every other refusal, in one line (exit 2)."""
+    try:
+        return run_dir(runs_dir, run_name, ckpt_path)
+    except ConfigError as err:
+        exit_on_user_error(err)
+
+
 def required_value(key: str, hint: str = "") -> None:
     """``${longctx_required:key,hint}``: a value the command line must set. (A ``???`` in a
     config group option is lost when that option is merged over a default that sets it.)"""
@@ -46,7 +64,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("longctx_required", required_value)
     if not OmegaConf.has_resolver("longctx_run_dir"):
         # cached: Hydra may resolve the run folder more than once; it must not change
-        OmegaConf.register_new_resolver("longctx_run_dir", run_dir, use_cache=True)
+        OmegaConf.register_new_resolver("longctx_run_dir", run_dir_or_exit, use_cache=True)
     if not OmegaConf.has_resolver("longctx_config_subdir"):
         # cached: decided once per start, before Hydra writes the config it names
         OmegaConf.register_new_resolver("longctx_config_subdir", config_subdir, use_cache=True)

@@ -1,4 +1,4 @@
-"""Guards around a run folder, in-process and fast: one writer, no fresh start over old
+"""Guards around a run folder, fast (in-process where they can be): one writer, no fresh start over old
 checkpoints, readable checkpoints (or a said fallback), the same arm on resume, the first
 config and the metrics history kept, no empty folder after a refused start."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FAST, compose
+from helpers import FAST, compose, run_train
 from hydra.utils import instantiate
 
 from longctx.data import DataConfig
@@ -144,3 +144,19 @@ def test_a_resumed_csv_log_keeps_its_history(tmp_path):
     rows = sorted(r for r in csv_rows(tmp_path / "csv" / "metrics.csv") if r[1] == "train/loss")
     assert rows == [(0, "train/loss", 10.0), (1, "train/loss", 11.0), (2, "train/loss", 22.0),
                     (3, "train/loss", 23.0), (4, "train/loss", 24.0)]  # fmt: skip
+
+
+@pytest.mark.parametrize("value, shown", [("nan", "nan"), ("true", "True"), ("1e3", "1000.0")])
+def test_a_run_name_the_command_line_reads_as_a_number_is_refused_in_one_line(
+    tmp_path, value, shown
+):
+    proc = run_train([*FAST, f"run_name={value}", "dry_run=true"], tmp_path, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: run_name={shown}; expected")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_numeric_run_name_is_the_folder_typed(tmp_path):
+    from longctx.train.resolvers import run_dir
+
+    assert run_dir(str(tmp_path), 123, None) == str(tmp_path / "123")
