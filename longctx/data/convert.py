@@ -40,6 +40,7 @@ from longctx.data.shards import (
     MANIFEST_NAME,
     Manifest,
     SplitWriter,
+    check_val_split,
     write_manifest,
 )
 from longctx.data.sources import describe_source, is_validation
@@ -150,19 +151,6 @@ def _copy(source, out, vocab, dtype, source_sha, val_fraction, shard_tokens):
         raise ValueError(f"{source.files[0]} holds no non-empty documents")
     check_val_split(splits, val_fraction, source.files[0])
     return splits, digests, skipped
-
-
-def check_val_split(splits: dict, val_fraction: float, where: Path) -> None:
-    """A requested validation split that came out empty is refused (training would find no
-    validation rows): a small corpus at the default 1% often draws none."""
-    val, total = splits["val"].documents, splits["train"].documents + splits["val"].documents
-    if val_fraction == 0 or val > 0:
-        return
-    raise ValueError(
-        f"{where}: --val-fraction {val_fraction} put 0 of its {total} documents in the "
-        f"validation split; pass a larger --val-fraction (about {min(0.5, 3 / total):.2g} "
-        "expects 3 of them), or --val-fraction 0 for no validation split"
-    )
 
 
 def _check_ids(doc: np.ndarray, vocab_size: int, source: TokenSource, number: int) -> None:

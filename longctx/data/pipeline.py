@@ -19,8 +19,10 @@ import io
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from copy import deepcopy
 from functools import partial
@@ -188,15 +190,34 @@ def run_local(pipeline: list, tasks: int, workers: int, logging_dir: Path, quiet
         start_method="fork",  # workers inherit the imported modules: no re-import per task
     )
     run = executor.run if workers > 1 else partial(_run_in_process, executor)
-    if not quiet:
-        run()
-        return
-    logger.remove()  # the task logs still go to their files; only the console copy is dropped
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):  # forked tasks log to it, not the console
+    with _forks_end_on_sigterm():
+        if not quiet:
             run()
+            return
+        logger.remove()  # the task logs still go to their files; only the console copy is dropped
+        try:
+            with contextlib.redirect_stderr(
+                io.StringIO()
+            ):  # forked tasks log to it, not the console
+                run()
+        finally:
+            setup_default_logger()
+
+
+@contextlib.contextmanager
+def _forks_end_on_sigterm():
+    """SIGTERM's default action while the pool forks. Its workers inherit the handlers, and
+    Pool.terminate ends them with SIGTERM: a Python handler (a fit's SaveOnSignal, when train.py
+    prepares the embedded corpus on first use; a notebook's) catches it instead and the pool
+    waits on them forever. The parent has nothing to save before its data exists."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers: a pool started elsewhere keeps them
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
     finally:
-        setup_default_logger()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_in_process(executor: LocalPipelineExecutor) -> None:

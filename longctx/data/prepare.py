@@ -52,6 +52,7 @@ from longctx.data.shards import (
     PREPARED_MARKER,
     Manifest,
     SplitInfo,
+    check_val_split,
     load_manifest,
     shard_files_intact,
     write_manifest,
@@ -127,6 +128,7 @@ def prepare(
     )
     if manifest.splits["train"].documents + manifest.splits["val"].documents == 0:
         raise ValueError(f"inputs {[s.path for s in sources]} hold no non-empty documents")
+    check_val_split(manifest.splits, val_fraction, ", ".join(str(s.path) for s in sources))
     if not shard_files_intact(out, manifest):
         raise RuntimeError(
             f"{out}: a shard the tasks listed is missing or resized (was the folder edited "

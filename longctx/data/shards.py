@@ -131,6 +131,19 @@ def atomic_save_npy(path: Path, array: np.ndarray) -> None:
 
 
 # --------------------------------------------------------------------------- manifest
+def check_val_split(splits: dict[str, SplitInfo], val_fraction: float, where: str | Path) -> None:
+    """A requested validation split that came out empty is refused (training would find no
+    validation rows): a small corpus at the default 1% often draws none."""
+    val, total = splits["val"].documents, splits["train"].documents + splits["val"].documents
+    if val_fraction == 0 or val > 0:
+        return
+    raise ValueError(
+        f"{where}: --val-fraction {val_fraction} put 0 of its {total} documents in the "
+        f"validation split; pass a larger --val-fraction (about {min(0.5, 3 / total):.2g} "
+        "expects 3 of them), or --val-fraction 0 for no validation split"
+    )
+
+
 def write_manifest(folder: Path, manifest: Manifest) -> None:
     text = json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(Path(folder) / MANIFEST_NAME, text.encode())

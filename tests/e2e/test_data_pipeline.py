@@ -110,6 +110,27 @@ class FlakyByte(ByteTokenizer):
         return super().encode(text)
 
 
+def test_a_pool_forked_under_a_sigterm_handler_still_ends(tmp_path):
+    """A process that catches SIGTERM (train.py's SaveOnSignal, when it prepares the embedded
+    corpus on first use) prepares with a pool of workers: Pool.terminate's SIGTERM ends them,
+    and the process gets its handler back."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(40)))
+    script = textwrap.dedent(f"""
+        import signal
+        from longctx.data.prepare import prepare
+        ignore = lambda *args: print("caught", flush=True)
+        signal.signal(signal.SIGTERM, ignore)
+        prepare([{str(src)!r}], {str(tmp_path / "out")!r}, tasks=2, workers=2, val_fraction=0.0,
+                progress=False)
+        assert signal.getsignal(signal.SIGTERM) is ignore
+        print("prepared", flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.split() == ["prepared"], proc.stderr[-2000:]
+
+
 def test_failed_task_is_named_with_its_log_and_rerun_alone(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()

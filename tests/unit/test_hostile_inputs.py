@@ -188,6 +188,19 @@ def test_convert_refuses_a_validation_split_that_came_out_empty(tmp_path):
     assert manifest.splits["train"].documents == 5 and manifest.splits["val"].documents == 0
 
 
+def test_prepare_refuses_a_validation_split_that_came_out_empty(tmp_path):
+    import json
+
+    from longctx.data.prepare import prepare
+
+    src = tmp_path / "five.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(5)))
+    with pytest.raises(ValueError, match=r"val-fraction 0.01 put 0 of its 5 documents in the val"):
+        prepare([src], tmp_path / "out", "byte", workers=1, progress=False)
+    manifest = prepare([src], tmp_path / "out", "byte", workers=1, val_fraction=0.0, progress=False)
+    assert manifest.splits["train"].documents == 5 and manifest.splits["val"].documents == 0
+
+
 def test_stages_resumed_with_other_micro_batches_per_step_say_why(tmp_path):
     from data_fixtures import small_corpus, take
 
