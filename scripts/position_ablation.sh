@@ -8,7 +8,8 @@
 #
 #   scripts/position_ablation.sh [RUNS_ROOT] [extra overrides ...]
 #
-# From the environment: MODEL (tiny), SEQ (4096), STEPS (300), MIX_SEED (1000), INSTANCE_SEED (0),
+# From the environment: MODEL (tiny), SEQ (4096), STEPS (300), ROWS (rows per step, 1), INIT_FROM
+# (a trained run folder: every arm continues from its weights; default from scratch), MIX_SEED (1000), INSTANCE_SEED (0),
 # SAMPLES (4 per task, length and depth), TASKS and LENGTHS of the final evaluation (four tasks at
 # SEQ/4, SEQ/2, SEQ, 2 SEQ), MIX_DOCUMENTS (4000 per task), OUT (docs/position_ablation_mix: .png/.json for the loss,
 # _ruler.*). The positive control needed ~20 M tokens before tiny_long copied at a distance
@@ -20,7 +21,11 @@ ROOT="${1:-outputs/position_ablation}"
 shift || true
 MODEL="${MODEL:-tiny}" SEQ="${SEQ:-4096}" STEPS="${STEPS:-300}" MIX_SEED="${MIX_SEED:-1000}"
 INSTANCE_SEED="${INSTANCE_SEED:-0}" SAMPLES="${SAMPLES:-4}" OUT="${OUT:-docs/position_ablation_mix}"
-DOCS="${MIX_DOCUMENTS:-4000}"
+DOCS="${MIX_DOCUMENTS:-4000}" ROWS="${ROWS:-1}" INIT_FROM="${INIT_FROM:-}"
+# continued pretraining: every arm starts from INIT_FROM's weights (pass its model and RoPE too,
+# e.g. MODEL=tiny_long model.rope_theta=10000), so the arms differ in what they train on last
+start_from=() from_note="from scratch"
+if [ -n "$INIT_FROM" ]; then start_from=("model.init_from=$INIT_FROM"); from_note="from $INIT_FROM"; fi
 TASKS="${TASKS:-passkey,niah_single,niah_multikey,copy}"
 LENGTHS="${LENGTHS:-$(( SEQ / 4 )) $(( SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
@@ -36,7 +41,7 @@ if [ ! -e "$MIX/manifest.json" ]; then
     --documents "$DOCS" --min-length 64 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
 fi
 "$PY" train.py -m experiment=position_ablation "model=$MODEL" "paths.root_dir=$ROOT" logger=csv \
-  "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "data.seq_len=$SEQ" data.micro_batch_size=1 \
+  "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "data.seq_len=$SEQ" "data.micro_batch_size=$ROWS" "${start_from[@]}" \
   "trainer.max_steps=$STEPS" "trainer.val_check_interval=$(( STEPS < 100 ? STEPS : 100 ))" "$@"
 sweep="$(ls -d "$ROOT"/multirun/train/* | sort | tail -1)"
 for run in "$sweep"/*/; do
@@ -45,7 +50,7 @@ for run in "$sweep"/*/; do
     --samples "$SAMPLES" --seed "$INSTANCE_SEED" --cache-dir "$CACHE"
 done
 seconds=$(( SECONDS - start ))
-note="$MODEL, L=$SEQ, $STEPS steps x 1 row per arm and seed, the embedded corpus + the long-range mix (seed $MIX_SEED) 1:1, train seeds 0 and 1, instance seed $INSTANCE_SEED; ${seconds} s wall"
+note="$MODEL $from_note, L=$SEQ, $STEPS steps x $ROWS rows per arm and seed, the embedded corpus + the long-range mix (seed $MIX_SEED) 1:1, train seeds 0 and 1, instance seed $INSTANCE_SEED; ${seconds} s wall"
 "$PY" -m longctx.experiments.analysis "$sweep" --out "$OUT.png" --title "$note"
 "$PY" -m longctx.experiments.ruler_report "$sweep" --arm-by position --json "${OUT}_ruler.json" \
   --extra "{\"mix_seed\": $MIX_SEED, \"mix\": \"$(basename "$MIX")\", \"train_seeds\": [0, 1], \"wall_s\": $seconds}" \

@@ -43,6 +43,7 @@ fi
 # one arm: train, then score on the suite; its wall time goes to $ROOT/<arm>.wall_s
 run_arm() {
   local arm=$1 t=$SECONDS
+  shift
   "$PY" train.py "experiment=$arm" "run_name=$arm" "paths.root_dir=$ROOT" logger=csv \
     "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "ruler_repeat=$REPEAT" "seed=$SEED" \
     "data.seq_len=$SEQ" "$@"
