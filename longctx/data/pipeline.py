@@ -196,9 +196,8 @@ def run_local(pipeline: list, tasks: int, workers: int, logging_dir: Path, quiet
             return
         logger.remove()  # the task logs still go to their files; only the console copy is dropped
         try:
-            with contextlib.redirect_stderr(
-                io.StringIO()
-            ):  # forked tasks log to it, not the console
+            # forked tasks log to the StringIO, not the console
+            with contextlib.redirect_stderr(io.StringIO()):
                 run()
         finally:
             setup_default_logger()
