@@ -14,7 +14,7 @@
 #
 # Sizes from the environment: SEEDS (training seeds, default "0 1"; seed S runs in RUNS_ROOT/seedS),
 # SEQ1 (stage 1's length, default 256; stage 2 is 8x it), STEPS1 (default 600 steps of 8 x SEQ1),
-# STEPS2 (150 steps of 1 x 8 SEQ1 per arm), PROBE_SAMPLES (4 per length and depth), RULER_SAMPLES
+# STEPS2 (150 steps of ROWS2 (1) x 8 SEQ1 per arm), PROBE_SAMPLES (4 per length and depth), RULER_SAMPLES
 # (4 per task, length and depth), MIX_SEED (1000), MIX_TASKS (kv_recall,copy,passkey,niah_single),
 # MIX_DOCUMENTS (4000 per task), INSTANCE_SEED (0); FIGURE (default docs/context_extension.png: each seed's table and numbers go beside it as
 # _s<seed>.png/.json, the suite's report as _ruler.json/.png); STAGE1 (a trained run folder or
@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 ROOT="${1:-outputs/context_extension}"
 shift || true
-SEEDS="${SEEDS:-0 1}" SEQ1="${SEQ1:-256}" STEPS1="${STEPS1:-600}" STEPS2="${STEPS2:-150}"
+SEEDS="${SEEDS:-0 1}" SEQ1="${SEQ1:-256}" STEPS1="${STEPS1:-600}" STEPS2="${STEPS2:-150}" ROWS2="${ROWS2:-1}"
 PROBE_SAMPLES="${PROBE_SAMPLES:-4}" RULER_SAMPLES="${RULER_SAMPLES:-4}" SEQ2=$(( 8 * SEQ1 ))
 MIX_SEED="${MIX_SEED:-1000}" MIX_DOCUMENTS="${MIX_DOCUMENTS:-4000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
 MIX_TASKS="${MIX_TASKS:-kv_recall,copy,passkey,niah_single}"
@@ -70,7 +70,7 @@ for seed in $SEEDS; do
 
   "$PY" train.py -m experiment=context_extension "model.init_from=$stage1" \
     "paths.root_dir=$runs" logger=csv "paths.cache_dir=$CACHE" "seed=$seed" \
-    "stage1_seq_len=$SEQ1" "data.seq_len=$SEQ2" "ruler_mix=$(mix_of "$SEQ2")" \
+    "stage1_seq_len=$SEQ1" "data.seq_len=$SEQ2" "data.micro_batch_size=$ROWS2" "ruler_mix=$(mix_of "$SEQ2")" \
     "trainer.max_steps=$STEPS2" "trainer.val_check_interval=$(( STEPS2 < 50 ? STEPS2 : 50 ))" "$@"
   sweep="$(ls -d "$runs"/multirun/train/* | sort | tail -1)"
 
@@ -83,11 +83,11 @@ for seed in $SEEDS; do
   done
   "$PY" -m longctx.experiments.extension_report "$sweep" --out "${FIGURE%.*}_s$seed.png" \
     --json "${FIGURE%.*}_s$seed.json" --note \
-    "seed $seed, $stage1_note, stage 2: $STEPS2 x 1 x $SEQ2 per arm, the long-range mix (seed $MIX_SEED) 1:1; $(( SECONDS - start )) s wall so far"
+    "seed $seed, $stage1_note, stage 2: $STEPS2 x $ROWS2 x $SEQ2 per arm, the long-range mix (seed $MIX_SEED) 1:1; $(( SECONDS - start )) s wall so far"
 done
 seconds=$(( SECONDS - start ))
 "$PY" -m longctx.experiments.ruler_report "$ROOT" --arm-by rope_arm --control unchanged \
   --json "${FIGURE%.*}_ruler.json" \
   --extra "{\"train_seeds\": [$(echo $SEEDS | tr ' ' ',')], \"mix_seed\": $MIX_SEED, \"final_length\": $SEQ2, \"wall_s\": $seconds}" \
-  --note "$stage1_note, stage 2: $STEPS2 x 1 x $SEQ2 per RoPE arm, seeds $SEEDS, the long-range mix (seed $MIX_SEED) 1:1, instance seed $INSTANCE_SEED; ${seconds} s wall"
+  --note "$stage1_note, stage 2: $STEPS2 x $ROWS2 x $SEQ2 per RoPE arm, seeds $SEEDS, the long-range mix (seed $MIX_SEED) 1:1, instance seed $INSTANCE_SEED; ${seconds} s wall"
 echo "context_extension: ${seconds} s in all; results in $ROOT"
