@@ -8,7 +8,8 @@
 #
 #   scripts/position_ablation.sh [RUNS_ROOT] [extra overrides ...]
 #
-# From the environment: MODEL (tiny), SEQ (4096), STEPS (300), ROWS (rows per step, 1), INIT_FROM
+# From the environment: MODEL (tiny), SEQ (4096), STEPS (300), VAL_EVERY (steps between
+# validations, min(STEPS, 100)), ROWS (rows per step, 1), INIT_FROM
 # (a trained run folder: every arm continues from its weights; default from scratch), MIX_SEED (1000), INSTANCE_SEED (0),
 # SAMPLES (4 per task, length and depth), TASKS and LENGTHS of the final evaluation (four tasks at
 # SEQ/4, SEQ/2, SEQ, 2 SEQ), MIX_DOCUMENTS (4000 per task), OUT (docs/position_ablation_mix: .png/.json for the loss,
@@ -42,7 +43,7 @@ if [ ! -e "$MIX/manifest.json" ]; then
 fi
 "$PY" train.py -m experiment=position_ablation "model=$MODEL" "paths.root_dir=$ROOT" logger=csv \
   "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "data.seq_len=$SEQ" "data.micro_batch_size=$ROWS" "${start_from[@]}" \
-  "trainer.max_steps=$STEPS" "trainer.val_check_interval=$(( STEPS < 100 ? STEPS : 100 ))" "$@"
+  "trainer.max_steps=$STEPS" "trainer.val_check_interval=${VAL_EVERY:-$(( STEPS < 100 ? STEPS : 100 ))}" "$@"
 sweep="$(ls -d "$ROOT"/multirun/train/* | sort | tail -1)"
 for run in "$sweep"/*/; do
   "$PY" -m longctx.eval "$run/checkpoints/last.ckpt" --suite ruler --tasks "$TASKS" \
