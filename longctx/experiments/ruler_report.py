@@ -232,8 +232,11 @@ def heatmaps(frame: pd.DataFrame, arms: Sequence[str], title: str):
         ax.set_yticks(range(len(grid.index)), [f"{d:.2f}" for d in grid.index])
         ax.set(xlabel="context length", title=textwrap.fill(arm, 28))
     axes[0][0].set_ylabel("needle depth")
+    lines = textwrap.fill(title, 110)
+    fig.suptitle(lines, fontsize=8, y=0.99, va="top")
+    # the arms' titles start below the suptitle's lines (before the colorbar takes its share)
+    fig.subplots_adjust(top=0.8 - 0.04 * lines.count("\n"))
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy (mean over tasks)")
-    fig.suptitle(textwrap.fill(title, 110), fontsize=8)
     return fig
 
 
