@@ -157,7 +157,8 @@ def test_rerun_is_noop_and_changed_inputs_refused(tmp_path):
     write_jsonl(src, TEXTS[:10])
     with pytest.raises(FileExistsError, match="other inputs"):
         prepare([src], out, "byte", workers=1, val_fraction=0.1, progress=False)
-    prepare([src], out, "byte", workers=1, val_fraction=0.1, overwrite=True, progress=False)
+    # 10 documents draw no validation split at 0.1 (refused): none asked for
+    prepare([src], out, "byte", workers=1, val_fraction=0.0, overwrite=True, progress=False)
     assert (
         load_manifest(out).splits["train"].documents + load_manifest(out).splits["val"].documents
         == 10

@@ -48,7 +48,16 @@ def run_cli(args: list[str], terminal: bool) -> str:
 def test_prepare_shows_a_bar_on_a_terminal_only_and_the_next_command(tmp_path):
     jsonl = tmp_path / "docs.jsonl"
     jsonl.write_text("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(50)))
-    args = ["longctx.data.prepare", str(jsonl), "--workers", "1", "--tasks", "2"]
+    args = [
+        "longctx.data.prepare",
+        str(jsonl),
+        "--workers",
+        "1",
+        "--tasks",
+        "2",
+        "--val-fraction",
+        "0",
+    ]
     shown = run_cli([*args, "--out", str(tmp_path / "a")], terminal=True)
     assert "prepare: 100%" in shown and "B/s" in shown
     piped = run_cli([*args, "--out", str(tmp_path / "b")], terminal=False)

@@ -98,7 +98,7 @@ def test_the_mix_trains_beside_the_embedded_corpus(tmp_path):
     (tmp_path / "other.txt").write_text("some other corpus. " * 50)
     from longctx.data import prepare
 
-    prepare([tmp_path / "other.txt"], tmp_path / "other", progress=False)
+    prepare([tmp_path / "other.txt"], tmp_path / "other", val_fraction=0.0, progress=False)
     other = DataConfig(shards=["embedded", str(tmp_path / "other")], cache_dir=str(CACHE_DIR))
     with pytest.raises(ValueError, match="data.long_documents is not set"):
         load_long_documents(other)
