@@ -47,6 +47,9 @@ start=$SECONDS
 # the mix of a length: its name says what it holds (a folder of that name is reused)
 mix_of() { echo "$CACHE/ruler_mix_L$1_s${MIX_SEED}_n${MIX_DOCUMENTS}_${MIX_TASKS//,/-}"; }
 STAGE1="${STAGE1:-}"
+source scripts/checks.sh
+for var in SEQ1 STEPS1 STEPS2 ROWS2; do positive_int "$var" "${!var}"; done
+existing_path STAGE1 "$STAGE1"
 if [ -n "$STAGE1" ]; then stage1_note="stage 1: $STAGE1 (given)"
 else stage1_note="tiny, stage 1: $STEPS1 x 8 x $SEQ1"; fi
 for length in $([ -n "$STAGE1" ] || echo "$SEQ1") "$SEQ2"; do

@@ -25,6 +25,10 @@ INSTANCE_SEED="${INSTANCE_SEED:-0}" SAMPLES="${SAMPLES:-4}" OUT="${OUT:-docs/pos
 DOCS="${MIX_DOCUMENTS:-4000}" ROWS="${ROWS:-1}" INIT_FROM="${INIT_FROM:-}"
 # continued pretraining: every arm starts from INIT_FROM's weights (pass its model and RoPE too,
 # e.g. MODEL=tiny_long model.rope_theta=10000), so the arms differ in what they train on last
+source scripts/checks.sh
+for var in SEQ STEPS ROWS SAMPLES; do positive_int "$var" "${!var}"; done
+positive_int VAL_EVERY "${VAL_EVERY:-1}"
+existing_path INIT_FROM "$INIT_FROM"
 start_from=() from_note="from scratch"
 if [ -n "$INIT_FROM" ]; then start_from=("model.init_from=$INIT_FROM"); from_note="from $INIT_FROM"; fi
 TASKS="${TASKS:-passkey,niah_single,niah_multikey,copy}"

@@ -26,6 +26,9 @@ TASKS="passkey,niah_single,copy"
 LENGTHS="${LENGTHS:-$(( SEQ / 2 < 192 ? 192 : SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
 MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}_n${DOCS}" REPEAT="$CACHE/ruler_repeat_L${SEQ}_s$(( MIX_SEED + 1 ))_n$(( 3 * DOCS ))"
+source scripts/checks.sh
+for var in SEQ SAMPLES; do positive_int "$var" "${!var}"; done
+one_of PARALLEL "$PARALLEL" 0 1
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
 if [ -e "$ROOT/outputs/train" ]; then
   echo "ruler_control: $ROOT/outputs/train exists (an earlier run); pass another RUNS_ROOT" >&2

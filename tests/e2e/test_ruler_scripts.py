@@ -61,3 +61,24 @@ def test_the_position_ablation_rerun_scores_every_arm_and_seed(tmp_path):
     assert len(summary["pairs"]) == 3 and summary["train_seeds"] == [0, 1]
     loss = json.loads((tmp_path / "ablation.json").read_text())
     assert len(loss["arms"]) == 4
+
+
+@pytest.mark.parametrize(
+    "script, setting",
+    [("position_ablation.sh", "ROWS=0"), ("position_ablation.sh", "VAL_EVERY=nan"),
+     ("position_ablation.sh", "INIT_FROM=/no/such/run"), ("context_extension.sh", "ROWS2=-1"),
+     ("context_extension.sh", "STAGE1=/no/such/run"), ("ruler_control.sh", "PARALLEL=2")],
+)  # fmt: skip
+def test_a_bad_setting_is_refused_in_one_line_before_anything_is_written(tmp_path, script, setting):
+    name, value = setting.split("=", 1)
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "LONGCTX_CACHE": str(tmp_path / "cache"),
+        name: value,
+    }
+    proc = subprocess.run([str(ROOT / "scripts" / script), str(tmp_path / "runs")], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(f"error: {setting}")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
