@@ -9,8 +9,8 @@ import sys
 
 import pytest
 import torch
-import transformers
 from helpers import CACHE_DIR, ROOT, compose
+from probe_fixtures import save_hf
 
 from longctx.probe import cli, inject
 from longctx.probe.callback import LeakDetected
@@ -70,23 +70,11 @@ def test_an_injected_leak_exits_1_naming_it(tmp_path, monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------ model=hf
-def save_hf(family: str, folder) -> str:
-    config_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    }[family]
-    torch.manual_seed(0)
-    config = config_cls(
-        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
-    model_cls(config).save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_model_hf_passes(family, tmp_path):
-    path = save_hf(family, tmp_path / family)
+    path = save_hf(family, tmp_path / family, vocab_size=300, hidden_size=64, intermediate_size=128)
     rc, report = probe_cli(tmp_path, "model=hf", f"model.path={path}", "model.attn_backend=sdpa")
     assert rc == 0, report["summary"]
     assert report["context"]["model"] == "HFCausalLM"

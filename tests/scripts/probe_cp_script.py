@@ -16,29 +16,16 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from probe_fixtures import VOCAB, make_rows
 
-from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.distributed.context_parallel import context_parallel_group, context_shard
 from longctx.model import Llama, LlamaConfig
 from longctx.probe import inject
-from longctx.probe.checks import ProbeRows, Target, packed_lm_forward, probe
+from longctx.probe.checks import Target, packed_lm_forward, probe
 
-VOCAB = 64
-L = 96
-# documents straddling chunk edges (chunks of 24 at W=2), one longer than a chunk, pad tails
-LENGTHS = [[5, 30, 1, 17, 40, 3], [60, 36], [11, 12, 13, 14, 15, 16, 15]]
-PADS = [3, 0, 15]
+# probe_fixtures' rows: documents straddling chunk edges (chunks of 24 at W=2), one longer than
+# a chunk, pad tails
 BUGS = [None, "drop_cp_boundaries", "reset_at_chunk_edges", "causal_row"]
-
-
-def make_rows(reset: bool) -> ProbeRows:
-    tokens = torch.randint(0, VOCAB, (len(LENGTHS), L), generator=torch.Generator().manual_seed(0))
-    batch = PackedBatch.from_lengths(tokens, LENGTHS, reset_position_ids=reset)
-    for r, pad in enumerate(PADS):
-        if pad:
-            batch.tokens[r, -pad:] = 0
-            batch.labels[r, -pad:] = IGNORE_INDEX
-    return ProbeRows(batch, list(PADS), "rows")
 
 
 def worker(rank: int, world: int, rounds: int, port: int) -> None:

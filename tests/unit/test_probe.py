@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from probe_fixtures import VOCAB, make_rows, save_hf
 
-from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.distributed.context_parallel import context_shard
 from longctx.hf.adapter import load_hf_causal_lm
 from longctx.hf.features import to_hf_kwargs
@@ -24,7 +24,6 @@ from longctx.probe.checks import (
     CONTROL_MARGIN,
     NOISE_FACTOR,
     NothingToProbe,
-    ProbeRows,
     Target,
     check_checks,
     check_tolerances,
@@ -32,12 +31,6 @@ from longctx.probe.checks import (
     positions,
     probe,
 )
-
-VOCAB = 64
-L = 96
-# documents of many lengths, a 1-token one, pad tails (the last segment of rows 0 and 2)
-LENGTHS = [[5, 30, 1, 17, 40, 3], [60, 36], [11, 12, 13, 14, 15, 16, 15]]
-PADS = [3, 0, 15]
 
 
 def tiny_llama(backend: str = "sdpa") -> Llama:
@@ -47,17 +40,6 @@ def tiny_llama(backend: str = "sdpa") -> Llama:
         max_seq_len=256, attn_backend=backend, loss_chunk_size=50,
     )  # fmt: skip
     return Llama(config).eval()
-
-
-def make_rows(reset: bool = True, lengths=LENGTHS, pads=PADS, seed: int = 0) -> ProbeRows:
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, VOCAB, (len(lengths), L), generator=gen)
-    batch = PackedBatch.from_lengths(tokens, lengths, reset_position_ids=reset)
-    for r, pad in enumerate(pads):
-        if pad:
-            batch.tokens[r, -pad:] = 0
-            batch.labels[r, -pad:] = IGNORE_INDEX
-    return ProbeRows(batch, list(pads), "rows")
 
 
 def target_of(model, reset: bool = True, bug: str | None = None, **kwargs) -> Target:
@@ -106,7 +88,7 @@ def test_bf16_tolerances_follow_the_compute_dtype():
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_passes_on_hf_models_through_the_adapter(family, tmp_path):
-    path = save_hf(family, tmp_path)
+    path = save_hf(family, tmp_path, **HF_SIZES)
     model = load_hf_causal_lm(path, attn_backend="sdpa", loss_chunk_size=40).eval()
     for reset in (True, False):
         report = probe(target_of(model, reset), [make_rows(reset)])
@@ -203,18 +185,7 @@ def test_a_context_blind_model_fails_the_positive_control():
 
 
 # ------------------------------------------------------------------ transformers' own attention
-def save_hf(family: str, folder) -> str:
-    config_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    }[family]
-    torch.manual_seed(0)
-    config = config_cls(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-    )  # fmt: skip
-    model_cls(config).save_pretrained(folder)
-    return str(folder)
+HF_SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, max_position_embeddings=256)
 
 
 def stock_forward(hf_model, mask: bool):
@@ -239,7 +210,7 @@ def stock_forward(hf_model, mask: bool):
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_stock_transformers_with_the_mask_on_leaks(family, tmp_path):
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-        save_hf(family, tmp_path), attn_implementation="sdpa", dtype=torch.float32
+        save_hf(family, tmp_path, **HF_SIZES), attn_implementation="sdpa", dtype=torch.float32
     ).eval()
     leaky = probe(Target(stock_forward(hf_model, mask=True), VOCAB, True), [make_rows()])
     assert leaky.first_failure.check == "isolation/logits", leaky.table()
