@@ -41,6 +41,12 @@ def load_baseline():
         text=True,
         check=True,
     ).stdout
+    # names that moved since (longctx.io took the temp-file helpers): the old module imports
+    # them from where they were
+    import longctx.data.shards as shards
+    import longctx.io
+
+    shards.remove_temp_files = getattr(shards, "remove_temp_files", longctx.io.remove_temp_files)
     spec = importlib.util.spec_from_loader("prepare_baseline", loader=None)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its worker pool pickles functions by module name
