@@ -17,7 +17,9 @@ its queries: a query at in-document position p attends to p + 1 keys.
 - ``documents``: whole documents go to ranks, longest first (LPT), each to the rank whose
   *projected* work is least among those with room for it; only a document that fits nowhere,
   or would lift a rank's projected work past the mean by more than ``WHOLE_TOLERANCE``, is
-  split (:func:`document_owner`).
+  split (:func:`document_owner`). Then the heaviest and the lightest rank trade equal numbers
+  of tokens, dense for light, until the heaviest is within ``EVEN_TOLERANCE`` of the lightest
+  (:func:`even_out`).
 
 A split document is cut into head-tail pairs: a head piece [x, x+a) and its mirror
 [n-x-a, n-x) of a document of n tokens hold a(n+1) causal pairs whatever x, so a split hands
@@ -37,10 +39,17 @@ BALANCERS = (HEAD_TAIL, ROUNDS, DOCUMENTS)
 DEFAULT_BALANCE = DOCUMENTS
 # How far past the mean work a whole document may lift a rank's projected work before it is
 # split instead; documents lighter than this fraction of the mean are never split for work.
-# A trade of balance for pieces, set on the benchmark's rows (lognormal, median 600): at 0.13
-# the worst of 16 rows stays within 1.15 of the mean with under 4 pieces per rank at every
-# size (0.05: 1.04 worst but up to 6.7 pieces; 0.2: 2.9 pieces but 1.07 mean at 32k / 8).
-WHOLE_TOLERANCE = 0.13
+# The greedy's balance is only a start (even_out finishes it), so this trades its pieces
+# against even_out's, set on the benchmark's rows (lognormal, median 600) at 32k / 8 ranks:
+# 0.13 gives 3.9 pieces per rank after even_out, 0.3 gives 3.5, 1.0 gives 4.0.
+WHOLE_TOLERANCE = 0.3
+# even_out's goal: the heaviest rank's work within this fraction of the lightest's (max / min;
+# max / mean is then within it too).
+EVEN_TOLERANCE = 0.03
+# What one more piece is worth to even_out, as a fraction of the mean work: between two trades
+# it takes the one that lands closer to the midpoint, unless that costs more pieces than this
+# buys.
+PIECE_COST = 0.01
 
 
 def check_balance(balance: str, rounds: int = 1) -> None:
@@ -98,6 +107,8 @@ def document_owner(lens: np.ndarray, size: int) -> np.ndarray:
     per token of the documents still to come. Without it, the ranks that took a long document
     early would look light to the end, and their room, filled last, would leave them heavy.
     The limit is (1 + WHOLE_TOLERANCE) x the mean, or the current maximum when that is above.
+    The greedy bounds the heaviest rank only (a rank left with short documents can end light);
+    :func:`even_out` then evens out both ends.
     """
     starts = np.cumsum(lens) - lens
     owner = np.empty(int(lens.sum()), dtype=np.int64)
@@ -127,6 +138,7 @@ def document_owner(lens: np.ndarray, size: int) -> np.ndarray:
             shares = water_fill_fewest(projected, room, n, density, limit)
             load += place_head_tail(owner, start, shares)
         room -= shares
+    even_out(owner, lens, size)
     return owner
 
 
@@ -218,6 +230,143 @@ def place_head_tail(owner: np.ndarray, start: int, shares: np.ndarray) -> np.nda
         work[rank] = span_pairs(head, a) + span_pairs(tail - b, b)
         head, tail = head + a, tail - b
     return work
+
+
+# --------------------------------------------------------------------------- evening out
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """Consecutive row positions [start, stop) of one rank inside one segment, whose first
+    token is at in-document position ``offset``; ``whole`` when it is the entire segment."""
+
+    start: int
+    stop: int
+    offset: int
+    whole: bool
+
+    @property
+    def length(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def top(self) -> int:
+        """In-document position one past its last token: what its densest tokens see."""
+        return self.offset + self.length
+
+
+@dataclasses.dataclass(frozen=True)
+class Trade:
+    """The heavy rank's ``window`` (row positions) for the light rank's ``given`` spans
+    (row start, length), as many tokens each way; ``error`` is how far the work it moves is
+    from the midpoint, ``pieces`` how many pieces it adds."""
+
+    window: tuple[int, int]
+    given: tuple[tuple[int, int], ...]
+    error: float
+    pieces: int
+
+
+def even_out(owner: np.ndarray, lens: np.ndarray, size: int) -> None:
+    """Trade tokens (in place) between the heaviest and the lightest rank until the heaviest
+    is within EVEN_TOLERANCE of the lightest, at most 4N trades.
+
+    A trade moves a window of the heavy rank's tokens (dense: late in a long document) to the
+    light rank and as many of the light rank's tokens (its shortest whole documents, or the
+    start of one of its runs) back, so every rank keeps L/N tokens. It moves half the gap,
+    as near as the tokens allow; one that cannot narrow the gap is not made, and when no
+    rank heavier than the lightest by the tolerance has one, the plan stays as it is."""
+    seg = np.repeat(np.arange(len(lens)), lens)
+    offset = np.arange(len(owner)) - np.repeat(np.cumsum(lens) - lens, lens)
+    for _ in range(4 * size):
+        work = np.bincount(owner, weights=offset + 1.0, minlength=size)
+        light = int(np.argmin(work))
+        light_runs = rank_runs(owner, seg, offset, lens, light)
+        for heavy in np.argsort(-work, kind="stable"):
+            if work[heavy] <= work[light] * (1 + EVEN_TOLERANCE):
+                return
+            heavy_runs = rank_runs(owner, seg, offset, lens, heavy)
+            gap = work[heavy] - work[light]
+            trade = best_trade(heavy_runs, light_runs, gap / 2, PIECE_COST * work.mean())
+            if trade is not None:
+                owner[trade.window[0] : trade.window[1]] = light
+                for start, n in trade.given:
+                    owner[start : start + n] = heavy
+                break
+        else:
+            return
+
+
+def rank_runs(owner, seg, offset, lens, rank: int) -> list[Run]:
+    """The runs of ``rank``'s tokens, in row order."""
+    at = np.flatnonzero(owner == rank)
+    cut = np.flatnonzero((np.diff(at) != 1) | (np.diff(seg[at]) != 0)) + 1
+    bounds = zip(np.concatenate([[0], cut]), np.concatenate([cut, [len(at)]]), strict=True)
+    return [
+        Run(int(at[i]), int(at[j - 1]) + 1, int(offset[at[i]]), j - i == lens[seg[at[i]]])
+        for i, j in bounds
+    ]
+
+
+# how many of a rank's runs a trade considers (the densest heavy runs, the light rank's
+# shortest whole documents), so that a row of thousands of short documents plans in
+# milliseconds
+TRADE_CANDIDATES = 16
+
+
+def best_trade(heavy: list[Run], light: list[Run], want: float, piece_cost: float):
+    """The trade that moves nearest ``want`` pairs from the heavy rank to the light one,
+    each added piece counted as ``piece_cost`` of error; None when none moves between 0 and
+    2 x ``want`` (which would not narrow the gap)."""
+    heavy = sorted(heavy, key=lambda r: -r.top)[:TRADE_CANDIDATES]
+    whole = sorted((r for r in light if r.whole), key=lambda r: r.length)
+    starts = [r for r in light if not r.whole] + whole[-2:]  # a run's start is light
+    whole = whole[:TRADE_CANDIDATES]
+    options = []
+    for run in heavy:
+        options += trades_for_documents(run, whole, want)
+        options += [trade_for_start(run, s, want) for s in starts]
+    options = [t for t in options if t is not None]
+    return min(options, key=lambda t: t.error + t.pieces * piece_cost, default=None)
+
+
+def trades_for_documents(run: Run, whole: list[Run], want: float) -> list[Trade]:
+    """The light rank's k shortest whole documents (k = 1, 2, ...) for a window of as many of
+    the run's tokens, placed where it moves ``want`` (or at either end: no piece for the
+    heavy rank)."""
+    trades, given, tokens, pairs_given = [], [], 0, 0.0
+    for doc in whole:
+        tokens, pairs_given = tokens + doc.length, pairs_given + span_pairs(0, doc.length)
+        given.append((doc.start, doc.length))
+        if tokens > run.length:
+            break
+        ideal = (want + pairs_given - pairs(tokens)) / tokens - run.offset
+        last = run.length - tokens
+        for t in sorted({int(round(min(max(ideal, 0), last))), 0, last}):
+            moved = span_pairs(run.offset + t, tokens) - pairs_given
+            inside = 0 < t < last
+            trades.append(trade(run, t, tokens, tuple(given), moved, want, 1 + run.whole + inside))
+    return [t for t in trades if t is not None]
+
+
+def trade_for_start(run: Run, start: Run, want: float):
+    """The first x tokens of a light run for the run's last x, x chosen to move ``want``: the
+    pairs moved are x * c - x^2 with c = run.top - start.offset."""
+    c = run.top - start.offset
+    disc = c * c - 4 * want
+    x = (c - disc**0.5) / 2 if disc > 0 else c / 2
+    x = max(1, min(int(round(x)), run.length, start.length))
+    moved = span_pairs(run.top - x, x) - span_pairs(start.offset, x)
+    # a piece for the light rank's window and one for the heavy rank's start piece, plus one
+    # for each whole segment that becomes a piece
+    pieces = 2 + run.whole + (start.whole and x < start.length)
+    return trade(run, run.length - x, x, ((start.start, x),), moved, want, pieces)
+
+
+def trade(run: Run, t: int, tokens: int, given, moved: float, want: float, pieces: int):
+    """The trade of the run's tokens [t, t + tokens), if it narrows the gap."""
+    if not 0 < moved < 2 * want:
+        return None
+    window = (run.start + t, run.start + t + tokens)
+    return Trade(window, given, abs(moved - want), int(pieces))
 
 
 # --------------------------------------------------------------------------- what a plan costs
