@@ -391,7 +391,7 @@ class TrainStream(IterableDataset):
             local = first + self.rank - self.schedule.starts[stage]
             k, index = micro_batch_source(local, self.config.effective_streams)
             stream = streams.get((stage, k)) or streams.setdefault(
-                (stage, k), self._open_stream(k, stage)
+                (stage, k), self.open_stream(k, stage)
             )
             if stream.batch_index > index:
                 raise RuntimeError(
@@ -404,7 +404,7 @@ class TrainStream(IterableDataset):
             origin = BatchOrigin(first, self.world_size, k, stream.position())
             yield StreamBatch.of_rows(stream.collate(rows), rows, origin)
 
-    def _open_stream(self, k: int, stage: int = 0) -> BatchStream:
+    def open_stream(self, k: int, stage: int = 0) -> BatchStream:
         """Stream ``k`` in ``stage``, from its last known position, carried over the
         boundaries of the stages in between."""
         docs = DocumentStream(

@@ -73,7 +73,7 @@ def probe_module(
         forward=packed_lm_forward(pl_module.model),
         vocab_size=datamodule.vocab_size,
         reset_position_ids=datamodule.config.reset_position_ids,
-        shard=inject.shard_with_bug(pl_module._context_shard, bug),
+        shard=inject.shard_with_bug(pl_module.rank_shard, bug),
         context=trainer.precision_plugin.train_step_context,
     )
     report = probe(target, rows, checks, tolerances, seed)

@@ -37,7 +37,7 @@ def run_rows(datamodule: LongCtxDataModule, batches: int = 1) -> list[ProbeRows]
 
 
 def _stage_rows(stream, stage: int, batches: int) -> list[tuple[int, ProbeRows]]:
-    batch_stream = stream._open_stream(0, stage)  # the stream of the stage's first micro-batch
+    batch_stream = stream.open_stream(0, stage)  # the stream of the stage's first micro-batch
     first, found = None, []
     for i in range(SCAN_LIMIT):
         rows = batch_stream.next_rows()

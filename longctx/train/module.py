@@ -158,7 +158,7 @@ class LongCtxModule(L.LightningModule):
     def on_fit_start(self) -> None:
         validate_at_optimizer_steps(self.trainer, lambda: self.at_step_boundary)
 
-    def _context_shard(self, batch: PackedBatch) -> PackedBatch:
+    def rank_shard(self, batch: PackedBatch) -> PackedBatch:
         """This rank's share of the rows under context parallelism; the batch itself without."""
         if self.context_parallel == 1:
             return batch
@@ -273,7 +273,7 @@ class LongCtxModule(L.LightningModule):
             self._step_start = time.perf_counter()
         last_micro = self._micro + 1 == self.accumulate_grad_batches
         with self._maybe_no_sync(not last_micro):
-            shard = self._context_shard(batch)
+            shard = self.rank_shard(batch)
             loss_sum, num_tokens = self.model.loss(shard)
             self.manual_backward(loss_sum)
         self._accumulate(batch, loss_sum.detach(), num_tokens)
@@ -399,7 +399,7 @@ class LongCtxModule(L.LightningModule):
         self.val_position_loss = PositionLoss(seq_len or 1, eos_id=self.eos_id)
 
     def validation_step(self, batch: PackedBatch, batch_idx: int) -> None:
-        shard = self._context_shard(batch)
+        shard = self.rank_shard(batch)
         token_loss = self.model.token_loss(shard).detach()
         if shard is not batch:  # the rows' losses from the group; its first rank counts them
             token_loss = gather_row(token_loss, shard)

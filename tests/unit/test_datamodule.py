@@ -120,7 +120,7 @@ def test_streams_cover_an_epoch_disjointly_and_completely(tmp_path, streams):
     dataset = LongCtxDataModule(config).train_dataset()
     seen_ids, seen_tokens = [], Counter()
     for k in range(streams):
-        docs = dataset._open_stream(k).rows.docs
+        docs = dataset.open_stream(k).rows.docs
         seen_ids += docs.chunk_ids(0)  # chunk 0 = this stream's share of epoch 0
         rows = RowStream(docs, config, dataset.pad_id)
         for row in rows:
@@ -338,7 +338,7 @@ def test_long_document_is_split_not_dropped(tmp_path):
     dm = LongCtxDataModule(
         DataConfig(shards=[str(folder)], seq_len=64, buffer_size=24, chunk_documents=24)
     )
-    rows = RowStream(dm.train_dataset()._open_stream(0).rows.docs, dm.config, dm.pad_id)
+    rows = RowStream(dm.train_dataset().open_stream(0).rows.docs, dm.config, dm.pad_id)
     tokens = Counter()
     for row in rows:
         if rows.cursor[0] > 0:
