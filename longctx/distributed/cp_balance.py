@@ -38,7 +38,7 @@ BALANCERS = (HEAD_TAIL, ROUNDS, DOCUMENTS)
 # chosen from benchmarks/results/cp.json (docs/context-parallel-balance.md)
 DEFAULT_BALANCE = DOCUMENTS
 # How far past the mean work a whole document may lift a rank's projected work before it is
-# split instead; documents lighter than this fraction of the mean are never split for work.
+# split instead; the greedy never splits documents lighter than this fraction of the mean.
 # The greedy's balance is only a start (even_out finishes it), so this trades its pieces
 # against even_out's, set on the benchmark's rows (lognormal, median 600) at 32k / 8 ranks:
 # 0.13 gives 3.9 pieces per rank after even_out, 0.3 gives 3.5, 1.0 gives 4.0.
@@ -46,9 +46,9 @@ WHOLE_TOLERANCE = 0.3
 # even_out's goal: the heaviest rank's work within this fraction of the lightest's (max / min;
 # max / mean is then within it too).
 EVEN_TOLERANCE = 0.03
-# What one more piece is worth to even_out, as a fraction of the mean work: between two trades
-# it takes the one that lands closer to the midpoint, unless that costs more pieces than this
-# buys.
+# What one more piece costs a trade, as a fraction of the mean work: even_out takes the trade
+# whose distance from the midpoint plus this per added piece is least, so a trade that adds a
+# piece must land 1% of the mean closer than one that does not.
 PIECE_COST = 0.01
 
 
