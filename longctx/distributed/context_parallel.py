@@ -45,6 +45,7 @@ from longctx.distributed.cp_balance import (
     PlanStats,
     check_balance,
     plan_stats,
+    position_runs,
     rank_unit,
     row_owner,
 )
@@ -123,7 +124,8 @@ def context_shard(
     order = np.argsort(owners, axis=1, kind="stable")
     local = length // size
     global_index = order[:, rank * local : (rank + 1) * local]
-    pieces = [_pieces(q, lens) for q, lens in zip(global_index, lens_rows, strict=True)]
+    # each run: its length and the keys of its document before it (on other ranks)
+    pieces = [position_runs(q, lens)[1:3] for q, lens in zip(global_index, lens_rows, strict=True)]
     lens, prefixes = (
         pad_sequence([torch.from_numpy(p[i]).int() for p in pieces], batch_first=True)
         for i in (0, 1)
@@ -146,17 +148,6 @@ def context_shard(
         cp_rounds=rounds,
         plan=plan_stats(lens_rows, list(owners), size),
     )
-
-
-def _pieces(q: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(lengths, key prefix lengths) of the runs of row positions ``q`` (sorted) that are
-    consecutive and inside one segment of ``lens``."""
-    seg = np.repeat(np.arange(len(lens)), lens)[q]
-    new = np.ones(len(q), dtype=bool)
-    new[1:] = (np.diff(q) != 1) | (seg[1:] != seg[:-1])
-    starts = np.flatnonzero(new)
-    seg_start = (np.cumsum(lens) - lens)[seg[starts]]
-    return np.diff(np.append(starts, len(q))), q[starts] - seg_start
 
 
 def _gather_index(order: np.ndarray, b: int, local: int) -> np.ndarray:

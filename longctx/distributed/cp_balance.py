@@ -274,16 +274,15 @@ def even_out(owner: np.ndarray, lens: np.ndarray, size: int) -> None:
     start of one of its runs) back, so every rank keeps L/N tokens. It moves half the gap,
     as near as the tokens allow; one that cannot narrow the gap is not made, and when no
     rank heavier than the lightest by the tolerance has one, the plan stays as it is."""
-    seg = np.repeat(np.arange(len(lens)), lens)
     offset = np.arange(len(owner)) - np.repeat(np.cumsum(lens) - lens, lens)
     for _ in range(4 * size):
         work = np.bincount(owner, weights=offset + 1.0, minlength=size)
         light = int(np.argmin(work))
-        light_runs = rank_runs(owner, seg, offset, lens, light)
+        light_runs = rank_runs(owner, lens, light)
         for heavy in np.argsort(-work, kind="stable"):
             if work[heavy] <= work[light] * (1 + EVEN_TOLERANCE):
                 return
-            heavy_runs = rank_runs(owner, seg, offset, lens, heavy)
+            heavy_runs = rank_runs(owner, lens, heavy)
             gap = work[heavy] - work[light]
             trade = best_trade(heavy_runs, light_runs, gap / 2, PIECE_COST * work.mean())
             if trade is not None:
@@ -295,14 +294,24 @@ def even_out(owner: np.ndarray, lens: np.ndarray, size: int) -> None:
             return
 
 
-def rank_runs(owner, seg, offset, lens, rank: int) -> list[Run]:
+def position_runs(q: np.ndarray, lens: np.ndarray):
+    """The runs of row positions ``q`` (sorted) that are consecutive and inside one segment of
+    ``lens``: int arrays (first position, length, in-segment offset, segment length)."""
+    seg = np.repeat(np.arange(len(lens)), lens)[q]
+    new = np.ones(len(q), dtype=bool)
+    new[1:] = (np.diff(q) != 1) | (seg[1:] != seg[:-1])
+    starts = np.flatnonzero(new)
+    first = q[starts]
+    offset = first - (np.cumsum(lens) - lens)[seg[starts]]
+    return first, np.diff(np.append(starts, len(q))), offset, lens[seg[starts]]
+
+
+def rank_runs(owner: np.ndarray, lens: np.ndarray, rank: int) -> list[Run]:
     """The runs of ``rank``'s tokens, in row order."""
-    at = np.flatnonzero(owner == rank)
-    cut = np.flatnonzero((np.diff(at) != 1) | (np.diff(seg[at]) != 0)) + 1
-    bounds = zip(np.concatenate([[0], cut]), np.concatenate([cut, [len(at)]]), strict=True)
+    runs = position_runs(np.flatnonzero(owner == rank), lens)
     return [
-        Run(int(at[i]), int(at[j - 1]) + 1, int(offset[at[i]]), j - i == lens[seg[at[i]]])
-        for i, j in bounds
+        Run(int(first), int(first + n), int(offset), bool(n == segment))
+        for first, n, offset, segment in zip(*runs, strict=True)
     ]
 
 
@@ -334,7 +343,7 @@ def trades_for_documents(run: Run, whole: list[Run], want: float) -> list[Trade]
     heavy rank)."""
     trades, given, tokens, pairs_given = [], [], 0, 0.0
     for doc in whole:
-        tokens, pairs_given = tokens + doc.length, pairs_given + span_pairs(0, doc.length)
+        tokens, pairs_given = tokens + doc.length, pairs_given + pairs(doc.length)
         given.append((doc.start, doc.length))
         if tokens > run.length:
             break
