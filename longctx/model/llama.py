@@ -16,12 +16,15 @@ from torch.nn.utils import skip_init
 from torch.utils.checkpoint import checkpoint
 
 from longctx.batch import PackedBatch
+from longctx.distributed.context_parallel import ContextShard, gather_row, own_tokens
 from longctx.model.attention import (
     AttentionMetadata,
     attention,
+    attention_over_row,
     build_attention_metadata,
     resolve_backend,
 )
+from longctx.model.attention.cached import KVCache, cached_attention
 from longctx.model.config import LlamaConfig
 from longctx.model.flops import estimate_flops
 from longctx.model.interface import PackedCausalLM, check_batch
@@ -99,14 +102,48 @@ class Attention(nn.Module):
         self.wv = _linear(config.dim, config.n_kv_heads * config.head_dim)
         self.wo = _linear(config.n_heads * config.head_dim, config.dim)
 
-    def forward(self, x_BLD: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata) -> Tensor:
+    def forward(
+        self,
+        x_BLD: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        meta: AttentionMetadata | None,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> Tensor:
+        """Training and evaluation: ``cache`` None. With a cache, the keys and values are kept
+        in it as layer ``layer``'s (prefill: ``meta`` given) or the queries attend to it
+        (decoding: ``meta`` None)."""
+        q_BLHD, k_BLKD, v_BLKD = self.project(x_BLD, cos, sin)
+        if cache is None:
+            out_BLHD = attention(q_BLHD, k_BLKD, v_BLKD, meta)
+        else:
+            out_BLHD = cached_step(q_BLHD, k_BLKD, v_BLKD, meta, cache, layer)
+        return self.wo(out_BLHD.flatten(2))
+
+    def project(self, x_BLD: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, L, H, D] and k, v [B, L, Hkv, D], RoPE applied to q and k."""
         b, length, _ = x_BLD.shape
         q_BLHD = self.wq(x_BLD).view(b, length, self.n_heads, self.head_dim)
         k_BLKD = self.wk(x_BLD).view(b, length, self.n_kv_heads, self.head_dim)
         v_BLKD = self.wv(x_BLD).view(b, length, self.n_kv_heads, self.head_dim)
-        q_BLHD, k_BLKD = apply_rope(q_BLHD, cos, sin), apply_rope(k_BLKD, cos, sin)
-        out_BLHD = attention(q_BLHD, k_BLKD, v_BLKD, meta)
-        return self.wo(out_BLHD.reshape(b, length, -1))
+        return apply_rope(q_BLHD, cos, sin), apply_rope(k_BLKD, cos, sin), v_BLKD
+
+
+def cached_step(q, k, v, meta: AttentionMetadata | None, cache: KVCache, layer: int) -> Tensor:
+    """Attention that keeps the keys and values: a prefill through the normal attention when
+    ``meta`` is given (a context-parallel shard caches its whole rows' keys, gathered as its
+    attention gathers them), else a decoding step against the cache."""
+    if meta is None:
+        k_all, v_all = cache.extend(layer, k, v)
+        return cached_attention(q, k_all, v_all, cache.key_start)
+    if meta.shard is None:
+        cache.extend(layer, k, v)
+        return attention(q, k, v, meta)
+    k_row, v_row = (gather_row(x, meta.shard) for x in (k, v))
+    cache.extend(layer, k_row, v_row)
+    k_own, v_own = (own_tokens(x, meta.shard) for x in (k_row, v_row))
+    return attention_over_row(q, k_own, v_own, k_row, v_row, meta)
 
 
 class FeedForward(nn.Module):
@@ -130,8 +167,16 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata) -> Tensor:
-        h = h + self.attention(self.attention_norm(h), cos, sin, meta)
+    def forward(
+        self,
+        h: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        meta,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> Tensor:
+        h = h + self.attention(self.attention_norm(h), cos, sin, meta, cache, layer)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -188,6 +233,49 @@ class Llama(PackedCausalLM):
 
     def estimate_flops(self, seq_lens: Tensor) -> float:
         return estimate_flops(self.config, seq_lens)
+
+    # ------------------------------------------------------------------ incremental decoding
+    @torch.no_grad()
+    def prefill(self, batch: PackedBatch, capacity: int) -> tuple[Tensor, KVCache]:
+        """(logits [B, V] after each row's last token, the cache of the rows' keys and values
+        with room for ``capacity`` positions). The rows run through the normal attention path
+        (their packing, position ids, backend; a ContextShard under context parallelism); what
+        is generated next continues each row's last segment."""
+        self._check_batch(batch)
+        device = self.tok_embeddings.weight.device
+        meta = build_attention_metadata(batch, resolve_backend(self.config.attn_backend, device))
+        cache = KVCache(self.config.n_layers, capacity)
+        h_BLD = self.tok_embeddings(batch.tokens)
+        cos, sin = self._rope(batch.position_ids, h_BLD.dtype)
+        for i, layer in enumerate(self.layers):
+            h_BLD = layer(h_BLD, cos, sin, meta, cache, i)
+        position_ids, seq_lens = batch.position_ids, batch.seq_lens
+        if isinstance(batch, ContextShard):  # the row's last token may live on another rank
+            h_BLD, position_ids = gather_row(h_BLD, batch), gather_row(position_ids, batch)
+            seq_lens = batch.row_seq_lens
+        last_segment = seq_lens.gather(1, (seq_lens > 0).sum(1, keepdim=True) - 1).squeeze(1)
+        cache.key_start = (position_ids.shape[1] - last_segment).long()
+        cache.next_position = position_ids[:, -1] + 1
+        cache.length = position_ids.shape[1]
+        return F.linear(self.norm(h_BLD[:, -1]), self.output_weight), cache
+
+    @torch.no_grad()
+    def decode(self, tokens_BT: Tensor, cache: KVCache) -> Tensor:
+        """Logits [B, T, V] of T new tokens appended to the cached rows (their keys and values
+        are added to ``cache``)."""
+        position_ids = cache.positions(tokens_BT.shape[1])
+        limit = self.config.max_seq_len
+        if int(position_ids.max()) >= limit:
+            raise ValueError(
+                f"decoding reaches position {int(position_ids.max())}; the model's positions end "
+                f"at max_seq_len={limit}: generate fewer tokens or use a shorter prompt"
+            )
+        h_BTD = self.tok_embeddings(tokens_BT)
+        cos, sin = self._rope(position_ids, h_BTD.dtype)
+        for i, layer in enumerate(self.layers):
+            h_BTD = layer(h_BTD, cos, sin, None, cache, i)
+        cache.advance(tokens_BT.shape[1])
+        return F.linear(self.norm(h_BTD), self.output_weight)
 
     def _rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         c = self.config
