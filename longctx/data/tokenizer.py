@@ -1,12 +1,17 @@
-"""Tokenizers: a small protocol, a byte-level tokenizer, and local Hugging Face tokenizers.
+"""Tokenizers: a small protocol, a byte-level tokenizer, Llama 3's tokenizer, and local Hugging
+Face tokenizers.
 
-Nothing here downloads: a Hugging Face tokenizer comes from a local folder only.
+Nothing here downloads: a Hugging Face tokenizer comes from a local folder only, and Llama 3's
+from the ``tokenizer.model`` that Meta's ``llama-models`` package ships (the ``llama3`` extra).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -74,8 +79,8 @@ class HFTokenizer:
         self.folder = Path(folder).expanduser().resolve()
         if not self.folder.is_dir():
             raise FileNotFoundError(
-                f"tokenizer folder {str(folder)!r} does not exist; expected 'byte' or a local "
-                "folder with a tokenizer.json (nothing is downloaded)"
+                f"tokenizer {str(folder)!r} is not a name or a folder; expected 'byte', 'llama3' "
+                "or a local folder with a tokenizer.json (nothing is downloaded)"
             )
         self._tok = _load_fast_tokenizer(self.folder)
         self._tok.encode_special_tokens = True  # not stored in tokenizer.json: set on each load
@@ -120,19 +125,217 @@ class HFTokenizer:
         self.__init__(state["folder"])
 
 
+class MissingExtra(ValueError):
+    """An optional dependency is not installed: the message names the extra that brings it."""
+
+
+# Llama 3's pre-tokenizer pattern, as in llama_models.llama3.tokenizer.Tokenizer.pat_str (checked
+# against it on load: the reference is the package's own)
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_SPECIALS = (
+    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
+    "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
+    "<|image|>",
+    *(f"<|reserved_special_token_{i}|>" for i in range(2, 2 + 256 - 12)),
+)  # fmt: skip
+# the reference splits a text at 400k characters and at runs of 25k (non-)whitespace characters
+# (a tiktoken stack limit, openai/tiktoken#195); a shorter text is never split
+_LLAMA3_SPLIT_BELOW = 25_000
+
+
+class Llama3Tokenizer:
+    """Llama 3's tokenizer, 128,256 ids, from the ``tokenizer.model`` (tiktoken ranks) that Meta's
+    ``llama-models`` package ships, with Llama 3's pre-tokenizer pattern and its 256 special
+    tokens 128000..128255. Nothing is downloaded.
+
+    Two encoders of the same ids: ``encode`` runs tiktoken on the package's ranks and pattern
+    (the reference's own, ``llama_models.llama3.tokenizer.Tokenizer.encode(s, bos=False,
+    eos=False)``, without its per-character Python loop), 4-5x faster per core than a tokenizers
+    BPE (benchmarks/bench_tokenize.py); ``fast_tokenizer()`` is the same vocabulary as a
+    Hugging Face fast tokenizer (transformers' TikTokenConverter, built once per machine into
+    ``$LONGCTX_CACHE/tokenizers``), the tokenizer.json an export carries. Tests hold the two
+    (and the reference) to the same ids (tests/unit/test_llama3_tokenizer.py).
+
+    As with the byte tokenizer, the text of a special token in a document is text; special ids
+    come only from the pipeline (EOS after every document, BOS where packing adds it).
+    """
+
+    NAME = "llama3"
+    vocab_size = 128256
+    bos_id = 128000  # <|begin_of_text|>
+    eos_id = 128001  # <|end_of_text|>: prepare ends every document with it
+    eot_id = 128009  # <|eot_id|>: end of a chat turn (not a document boundary)
+    pad_id = 128004  # <|finetune_right_pad_id|>, Meta's pad; pad positions carry no loss
+    SPECIALS_IN_TEXT = "text"
+
+    def __init__(self) -> None:
+        self.model_file = llama3_model_file()
+        self._enc = _llama3_tiktoken(str(self.model_file))
+
+    def encode(self, text: str) -> np.ndarray:
+        encode = self._enc.encode_ordinary  # special-token text as text
+        if len(text) < _LLAMA3_SPLIT_BELOW:  # the reference never splits such a text
+            return np.asarray(encode(text), dtype=np.int64)
+        return np.asarray([i for piece in _reference_pieces(text) for i in encode(piece)], np.int64)
+
+    def decode(self, ids) -> str:
+        return self._enc.decode([int(i) for i in ids], errors="replace")
+
+    def fast_tokenizer(self):
+        """The same vocabulary as a ``tokenizers.Tokenizer`` (what an export writes)."""
+        return _llama3_fast_tokenizer(str(self.model_file))
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return {
+            "kind": self.NAME,
+            "vocab_size": self.vocab_size,
+            "sha256": _file_sha256(self.model_file),
+            "specials_in_text": self.SPECIALS_IN_TEXT,
+        }
+
+    def __getstate__(self):  # worker processes rebuild from the package's file
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+
+def llama3_model_file() -> Path:
+    """``llama_models/llama3/tokenizer.model`` of the installed package (found, not imported)."""
+    spec = importlib.util.find_spec("llama_models")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingExtra(
+            "the llama3 tokenizer needs the package llama-models (not installed); install the "
+            "extra: pip install -e '.[llama3]' (or: pip install llama-models==0.3.0 tiktoken)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "llama3" / "tokenizer.model"
+
+
+def _reference_pieces(text: str) -> list[str]:
+    """The substrings the reference encodes one by one (only a text of 25k+ characters has
+    more than one)."""
+    if len(text) < _LLAMA3_SPLIT_BELOW:
+        return [text]
+    from llama_models.llama3.tokenizer import (
+        MAX_NO_WHITESPACES_CHARS,
+        TIKTOKEN_MAX_ENCODE_CHARS,
+        Tokenizer,
+    )
+
+    split = Tokenizer._split_whitespaces_or_nonwhitespaces
+    step = TIKTOKEN_MAX_ENCODE_CHARS
+    return [
+        piece
+        for i in range(0, len(text), step)
+        for piece in split(text[i : i + step], MAX_NO_WHITESPACES_CHARS)
+    ]
+
+
+@functools.lru_cache(maxsize=1)
+def _llama3_tiktoken(model_file: str):
+    """tiktoken's Encoding with the package's ranks, pattern and specials (the reference's)."""
+    try:
+        from llama_models.llama3.tokenizer import Tokenizer
+    except ImportError as err:  # tiktoken missing: the reference cannot be imported
+        raise MissingExtra(
+            f"the llama3 tokenizer needs tiktoken ({err}); install the extra: "
+            "pip install -e '.[llama3]'"
+        ) from None
+    if Tokenizer.pat_str != LLAMA3_PATTERN:
+        raise AssertionError("llama_models' Llama 3 pattern differs from LLAMA3_PATTERN")
+    reference = Tokenizer(Path(model_file))
+    if list(reference.special_tokens) != list(LLAMA3_SPECIALS) or reference.n_words != 128256:
+        raise AssertionError("llama_models' Llama 3 special tokens differ from LLAMA3_SPECIALS")
+    return reference.model
+
+
+@functools.lru_cache(maxsize=1)
+def _llama3_fast_tokenizer(model_file: str):
+    """The fast tokenizer, from the cached tokenizer.json or built (and cached) from the ranks."""
+    import tokenizers
+
+    cached = _llama3_cache_file(Path(model_file))
+    if cached.is_file():
+        tok = tokenizers.Tokenizer.from_file(str(cached))
+    else:
+        tok = build_llama3_tokenizer(Path(model_file))
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        temporary = cached.with_suffix(f".{os.getpid()}.tmp")
+        tok.save(str(temporary))
+        os.replace(temporary, cached)  # atomic: ranks building at once write the same file
+    tok.encode_special_tokens = True  # not stored in tokenizer.json: set on each load
+    return tok
+
+
+def _llama3_cache_file(model_file: Path) -> Path:
+    from longctx.data.corpus import cache_root
+
+    return cache_root() / "tokenizers" / f"llama3-{_file_sha256(model_file)[:16]}.json"
+
+
+def build_llama3_tokenizer(model_file: Path):
+    """A tokenizers.Tokenizer from Llama 3's tiktoken ranks: byte-level BPE (a piece that is a
+    whole token maps to it, as tiktoken does), Llama 3's pattern, 256 specials from 128000."""
+    try:
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+    except ImportError as err:
+        raise MissingExtra(
+            f"the llama3 tokenizer needs transformers and tiktoken ({err}); install the extra: "
+            "pip install -e '.[llama3]'"
+        ) from None
+    from tokenizers import AddedToken
+
+    # specials added here: the converter's keyword for them differs between transformers 4 and 5
+    # (and an unknown keyword is silently dropped); its post-processor adds no tokens
+    tok = TikTokenConverter(vocab_file=str(model_file), pattern=LLAMA3_PATTERN).converted()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in LLAMA3_SPECIALS])
+    ids = [tok.token_to_id(t) for t in LLAMA3_SPECIALS]
+    if ids != list(range(128000, 128256)) or tok.get_vocab_size(with_added_tokens=True) != 128256:
+        raise AssertionError(f"{model_file}: Llama 3's special ids moved")  # a package change
+    return tok
+
+
+def _file_sha256(path: Path) -> str:
+    return _sha256_of(str(path))
+
+
+@functools.lru_cache(maxsize=4)
+def _sha256_of(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# the names load_tokenizer takes (anything else is a local tokenizer folder)
+TOKENIZER_NAMES = ("byte", "llama3")
+
+
 def load_tokenizer(spec: str | dict | Tokenizer) -> Tokenizer:
-    """ "byte", a local tokenizer folder, a manifest spec dict, or a Tokenizer (returned as is)."""
+    """ "byte", "llama3", a local tokenizer folder, a manifest spec dict, or a Tokenizer (returned
+    as is)."""
     if isinstance(spec, dict):
-        if spec.get("kind") == "byte":
+        kind = spec.get("kind")
+        if kind == "byte":
             return ByteTokenizer()
-        if spec.get("kind") == "hf":
+        if kind == "llama3":
+            return Llama3Tokenizer()
+        if kind == "hf":
             return HFTokenizer(spec["path"])
-        raise ValueError(f"tokenizer spec {spec!r} has unknown kind; expected 'byte' or 'hf'")
+        raise ValueError(
+            f"tokenizer spec {spec!r} has unknown kind; expected 'byte', 'llama3' or 'hf'"
+        )
     if isinstance(spec, str | Path):
-        return ByteTokenizer() if str(spec) == "byte" else HFTokenizer(spec)
+        if str(spec) == "byte":
+            return ByteTokenizer()
+        if str(spec) == "llama3":
+            return Llama3Tokenizer()
+        return HFTokenizer(spec)
     if isinstance(spec, Tokenizer):
         return spec
-    raise TypeError(f"tokenizer {spec!r}; expected 'byte', a folder path, or a Tokenizer")
+    raise TypeError(f"tokenizer {spec!r}; expected 'byte', 'llama3', a folder path, or a Tokenizer")
 
 
 def _load_fast_tokenizer(folder: Path):
