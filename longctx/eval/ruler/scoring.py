@@ -1,52 +1,123 @@
-"""Teacher-forced scoring through PackedBatch, accuracy tables with 95% CIs, effective length.
+"""Scoring the suite, tables with 95% intervals, and effective length (RULER's and a relative one).
 
-An instance is correct when the model's argmax is right on every answer token. Each cell
-(task x length x depth) reports that accuracy with a 95% Wilson score interval: the cells are
-small (a few to a few dozen instances) and often at 0 or 1, where the normal (Wald) interval
-collapses to a point and a bootstrap over so few instances can only return the observed
-proportion again; Wilson's interval is closed-form, never leaves [0, 1] and keeps its coverage
-there. (Differences between arms, paired over the same instances and resampled over instances
-and seeds, use the bootstrap of the ablation report: longctx.experiments.ruler_report.)
+Two modes, every row labelled with the one it ran (``scoring``):
 
-Effective length (RULER's notion, with a threshold that scales with the model): the suite score
-at a length is the mean accuracy over the tasks; the threshold is
-``max(FRACTION x the score at the shortest evaluated length, chance + MARGIN)``; the effective
-length is the longest evaluated length up to which every length's score stays at or above it.
-A model whose shortest-length score is below the floor has none. RULER's own bar is absolute
-(85.6%, Llama-2-7B at 4k): a fraction of the model's own short-context score is that bar for
-a model that is perfect at short range, and still says something for a 1M-parameter model
-that retrieves 60% of the time, while the floor keeps a model at chance from having one.
+- ``generate`` (RULER's way): the model continues the instance's prompt greedily for the task's
+  ``tokens_to_generate`` tokens (longctx's Llama from its KV cache, a transformers folder with
+  transformers' ``generate``), the tokens up to the first EOS are decoded to text, and the text
+  is scored with the task's RULER metric: ``string_match_all`` (the fraction of the references
+  found in it, case-insensitively) or ``string_match_part`` (1 if any is). ``score`` is that
+  metric; the teacher-forced match is kept beside it.
+- ``teacher_forced`` (the cheap in-loop mode): one forward pass; an instance is correct when the
+  model's argmax is right on every answer token, in the instance's own order and format. It is
+  a stricter lower bound of RULER's metric (a model that writes the values in another order,
+  case or with a preamble gets 0 here and credit from RULER; never the reverse), and ``score``
+  is that 0 / 1.
+
+Each cell (task x length x depth) reports the mean score with a 95% Wilson score interval.
+The cells are small and often at 0 or 1, where the normal interval collapses to a point and a
+bootstrap over so few instances returns the observed proportion again. For partial credit
+(string_match_all) the interval is conservative: a score in [0, 1] with mean p has variance at
+most p (1 - p), the binomial's.
+
+Effective length, on a 0-1 scale throughout (RULER reports x 100):
+
+- :func:`ruler_effective_length` is RULER's: the longest evaluated length whose suite score (the
+  mean over RULER's tasks of each task's mean score) exceeds 0.856 (Llama-2-7B's RULER score at
+  4K). It is the number comparable with RULER's table, when the suite ran RULER's tasks.
+- :func:`relative_effective_length` is this repository's own, relative rule, named as such:
+  the threshold is ``max(0.85 x the score at the anchor length (the training length), chance +
+  0.2)`` and the effective length the longest length up to which every evaluated length from the
+  shortest stays at or above it (monotone: a length after a failing one never counts). It says
+  something for a small model that never reaches RULER's absolute bar; it is reported next to
+  RULER's, never instead.
+
+Each gets a bootstrap interval: instances are resampled within every task x length cell, the
+suite scores and the effective length recomputed per replicate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
-from longctx.eval.ruler.generate import chance
-from longctx.eval.ruler.instances import Instance
+from longctx.distributed.context_parallel import ContextShard, gather_row
+from longctx.eval.ruler.generate import RULER_TASK_NAMES, chance
+from longctx.eval.ruler.instances import Instance, RulerInputError
+from longctx.model.generate import generate_from_batch
 
 Z95 = 1.959963984540054
 FRACTION = 0.85
 MARGIN = 0.2
+RULER_THRESHOLD = 0.856  # Llama-2-7B's RULER score at 4K (85.6 on RULER's 0-100 scale)
+N_BOOT = 1000
+GENERATE, TEACHER_FORCED = "generate", "teacher_forced"
+SCORING_MODES = (GENERATE, TEACHER_FORCED)
+
+
+# ----------------------------------------------------------------------------- metrics
+def string_match_all(prediction: str, references: Sequence[str]) -> float:
+    """RULER's metric for niah, vt, cwe and fwe: the fraction of the references that occur in
+    the prediction, case-insensitively (a substring anywhere counts, any order)."""
+    found = [ref.lower() in prediction.lower() for ref in references]
+    return sum(found) / len(found)
+
+
+def string_match_part(prediction: str, references: Sequence[str]) -> float:
+    """RULER's metric for qa: 1 if any reference occurs in the prediction (case-insensitive)."""
+    return float(any(ref.lower() in prediction.lower() for ref in references))
+
+
+METRICS: dict[str, Callable[[str, Sequence[str]], float]] = {
+    "string_match_all": string_match_all,
+    "string_match_part": string_match_part,
+}
+
+
+def ruler_metric(name: str, prediction: str, references: Sequence[str]) -> float:
+    """The per-instance score in [0, 1] of RULER's metric ``name``."""
+    if name not in METRICS:
+        raise RulerInputError(f"unknown metric ({name!r}); expected one of {', '.join(METRICS)}")
+    if not references:
+        raise RulerInputError("an instance without references cannot be scored; expected >= 1")
+    return METRICS[name](prediction, references)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in SCORING_MODES:
+        raise RulerInputError(f"scoring={mode!r}; expected one of {', '.join(SCORING_MODES)}")
+    return mode
 
 
 # ----------------------------------------------------------------------------- scoring
 def instance_batch(instances: Sequence[Instance], reset_position_ids: bool = True) -> PackedBatch:
-    """One instance per row (one segment each); all instances must share a length."""
-    lengths = {p.length for p in instances}
-    if len(lengths) != 1:
-        raise ValueError(f"a batch needs instances of one length, got lengths {sorted(lengths)}")
-    n = lengths.pop()
+    """One instance per row (one segment each), teacher-forced: inputs ``tokens[:-1]`` and the
+    answer labels; all instances must share a token count."""
+    sizes = {len(p.tokens) for p in instances}
+    if len(sizes) != 1:
+        raise ValueError(f"a batch needs instances of one token count, got {sorted(sizes)}")
+    n = sizes.pop() - 1
     tokens = torch.from_numpy(np.stack([p.tokens[:-1] for p in instances]))
     labels = torch.from_numpy(np.stack([p.labels() for p in instances]))
     return PackedBatch.from_lengths(tokens, [[n]] * len(instances), reset_position_ids, labels)
+
+
+def prompt_batch(instances: Sequence[Instance]) -> PackedBatch:
+    """The instances' prompts, one per row (positions 0 .. N-1); they must share a length."""
+    lengths = {len(p.prompt) for p in instances}
+    if len(lengths) != 1:
+        raise ValueError(f"a batch needs prompts of one length, got lengths {sorted(lengths)}")
+    n = lengths.pop()
+    tokens = torch.from_numpy(np.stack([np.asarray(p.prompt, dtype=np.int64) for p in instances]))
+    return PackedBatch.from_lengths(tokens, [[n]] * len(instances), reset_position_ids=True)
 
 
 def answer_logits(model, batch: PackedBatch) -> Tensor:
@@ -62,6 +133,42 @@ def answer_logits(model, batch: PackedBatch) -> Tensor:
     return model(batch)[mask]
 
 
+def answer_predictions(model, batch: PackedBatch, shard=None) -> Tensor:
+    """The argmax token at every labelled position of ``batch`` (row-major), run on this rank's
+    ``shard(batch)`` under context parallelism and gathered from the group."""
+    local = batch if shard is None else shard(batch)
+    if not isinstance(local, ContextShard):
+        return answer_logits(model, local).argmax(-1)
+    local_mask = local.labels != IGNORE_INDEX
+    predicted = torch.full_like(local.labels, -1)
+    predicted[local_mask] = answer_logits(model, local).argmax(-1)
+    return gather_row(predicted, local)[batch.labels != IGNORE_INDEX]
+
+
+def generate_texts(
+    model, instances: Sequence[Instance], tokenizer, device, shard=None
+) -> list[str]:
+    """Each instance's greedy continuation of its prompt (its tokens_to_generate tokens, up to
+    the first EOS), decoded. The instances share a prompt length and tokens_to_generate. A
+    model with its own ``generate_from_batch`` (a transformers folder) generates with it."""
+    max_new = max(p.tokens_to_generate for p in instances)
+    batch = prompt_batch(instances).to(device)
+    own = getattr(model, "generate_from_batch", None)
+    if own is not None:
+        rows = own(batch, max_new)
+    else:  # every step is taken, EOS or not: ranks that share the model stay in step
+        rows = generate_from_batch(model, batch if shard is None else shard(batch), max_new)
+    eos = getattr(tokenizer, "eos_id", None)
+    return [
+        tokenizer.decode(_until(ids[: p.tokens_to_generate], eos))
+        for p, ids in zip(instances, rows, strict=True)
+    ]
+
+
+def _until(ids: list[int], stop: int | None) -> list[int]:
+    return ids[: ids.index(stop)] if stop is not None and stop in ids else ids
+
+
 @torch.no_grad()
 def score_instances(
     model,
@@ -69,55 +176,88 @@ def score_instances(
     batch_size: int = 4,
     device: str | torch.device = "cpu",
     forward_context=None,
+    *,
+    scoring: str = TEACHER_FORCED,
+    tokenizer=None,
+    shard: Callable[[PackedBatch], PackedBatch] | None = None,
 ) -> list[dict]:
-    """Per instance: task, length, depth, sample, answer, correct, token_accuracy, and for copy
-    the distance and the reference (first occurrence) token accuracy."""
-    results = []
-    for group in _batches_by_length(instances, batch_size):
+    """One row per instance, in the order of ``instances`` (see :func:`result_row`).
+
+    scoring: ``teacher_forced`` (``score`` = the teacher-forced exact match) or ``generate``
+    (``score`` = RULER's metric of the greedy generation; needs ``tokenizer`` to decode it).
+    forward_context: a context manager factory every forward runs under (the trainer's
+    precision). shard: under context parallelism, this rank's share of a batch (the training
+    step's ``LongCtxModule.rank_shard``); every rank of the group calls with the same instances.
+    """
+    check_mode(scoring)
+    if scoring == GENERATE and tokenizer is None:
+        raise RulerInputError("scoring='generate' decodes what the model writes: pass tokenizer")
+    context = forward_context or contextlib.nullcontext
+    rows: list[dict | None] = [None] * len(instances)
+    for indices in batches(instances, batch_size, key=lambda p: len(p.tokens)):
+        group = [instances[i] for i in indices]
         batch = instance_batch(group).to(device)
-        if forward_context is None:
-            logits = answer_logits(model, batch)
-        else:
-            with forward_context():
-                logits = answer_logits(model, batch)
-        predicted = logits.argmax(dim=-1).cpu()
+        with context():
+            predicted = answer_predictions(model, batch, shard).cpu()
         targets = batch.labels[batch.labels != IGNORE_INDEX].cpu()
         hits = (predicted == targets).split([p.reference_len + p.answer_len for p in group])
-        for instance, hit in zip(group, hits, strict=True):
-            results.append(result_row(instance, hit))
-    return results
+        for i, hit in zip(indices, hits, strict=True):
+            rows[i] = result_row(instances[i], hit)
+    if scoring == GENERATE:
+        for indices in batches(instances, batch_size, key=_generation_key):
+            group = [instances[i] for i in indices]
+            with context():
+                texts = generate_texts(model, group, tokenizer, device, shard)
+            for i, text in zip(indices, texts, strict=True):
+                rows[i].update(generated_fields(instances[i], text))
+    return rows
 
 
-def _batches_by_length(instances: Sequence[Instance], batch_size: int) -> Iterable[list[Instance]]:
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size}; expected >= 1")
-    by_length: dict[int, list[Instance]] = {}
-    for p in instances:
-        by_length.setdefault(p.length, []).append(p)
-    for group in by_length.values():
-        for i in range(0, len(group), batch_size):
-            yield group[i : i + batch_size]
+def _generation_key(p: Instance) -> tuple[int, int]:
+    return len(p.prompt), p.tokens_to_generate
+
+
+def batches(instances: Sequence[Instance], batch_size: int, key) -> list[list[int]]:
+    """Indices of the instances in batches of up to ``batch_size`` that share ``key(instance)``,
+    each group in input order, groups in order of first appearance."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise RulerInputError(f"batch_size={batch_size!r}; expected an int >= 1")
+    groups: dict = {}
+    for i, p in enumerate(instances):
+        groups.setdefault(key(p), []).append(i)
+    return [g[j : j + batch_size] for g in groups.values() for j in range(0, len(g), batch_size)]
 
 
 def result_row(instance: Instance, hit: Tensor) -> dict:
-    """``hit``: the reference's hits (if any), then the answer's, in token order."""
+    """The teacher-forced row. ``hit``: the reference's hits (if any), then the answer's."""
     reference, answer = hit[: instance.reference_len], hit[instance.reference_len :]
+    correct = bool(answer.all())
     return {
         "task": instance.task,
         "length": instance.length,
         "depth": instance.depth,
         "sample": instance.sample,
-        "answer": instance.answer,
-        "correct": bool(answer.all()),
+        "scoring": TEACHER_FORCED,
+        "score": float(correct),
+        "correct_teacher_forced": correct,
         "token_accuracy": float(answer.float().mean()),
+        "prediction": None,
+        "references": json.dumps(list(instance.references)),
         "distance": instance.distance,
         "reference_token_accuracy": float(reference.float().mean()) if len(reference) else None,
     }
 
 
+def generated_fields(instance: Instance, prediction: str) -> dict:
+    """What generation adds to the row: the text, and RULER's metric of it as the score."""
+    score = ruler_metric(instance.metric, prediction, instance.references)
+    return {"scoring": GENERATE, "prediction": prediction, "score": score}
+
+
 # ------------------------------------------------------------------------------ tables
-def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (nan, nan without trials)."""
+def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (nan, nan without trials); ``successes`` may be
+    fractional (a sum of scores in [0, 1]), where the interval is conservative."""
     if n == 0:
         return math.nan, math.nan
     p = successes / n
@@ -129,14 +269,15 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def _cell(keys: dict, rows: list[dict]) -> dict:
-    hits = sum(r["correct"] for r in rows)
-    low, high = wilson(hits, len(rows))
+    total = sum(float(r["score"]) for r in rows)
+    low, high = wilson(total, len(rows))
     return {
         **keys,
         "n": len(rows),
-        "accuracy": hits / len(rows),
+        "score": total / len(rows),
         "ci_low": low,
         "ci_high": high,
+        "teacher_forced": float(np.mean([bool(r["correct_teacher_forced"]) for r in rows])),
         "token_accuracy": float(np.mean([r["token_accuracy"] for r in rows])),
     }
 
@@ -149,30 +290,37 @@ def _grouped(results: Sequence[dict], keys: Sequence[str]) -> list[dict]:
 
 
 def cell_table(results: Sequence[dict]) -> list[dict]:
-    """Accuracy with its 95% Wilson interval per (task, length, depth): the heat map's cells."""
+    """Mean score with its 95% Wilson interval per (task, length, depth): the heat map's cells."""
     return _grouped(results, ("task", "length", "depth"))
 
 
 def length_table(results: Sequence[dict]) -> list[dict]:
-    """Per (task, length), over depths."""
+    """Per (task, length), over depths: the task's score at that length."""
     return _grouped(results, ("task", "length"))
 
 
 def suite_table(results: Sequence[dict]) -> list[dict]:
-    """Per length: the mean over tasks of each task's accuracy (every task weighs the same),
-    with the Wilson interval of the pooled instances (exact when tasks have equal counts)."""
+    """Per length: the mean over tasks of each task's score (every task weighs the same), with
+    the Wilson interval of the pooled instances (exact when tasks have equal counts)."""
     rows = []
     for length in sorted({r["length"] for r in results}):
         at = [r for r in results if r["length"] == length]
-        per_task = [t["accuracy"] for t in length_table(at)]
+        per_task = length_table(at)
         pooled = _cell({"length": length}, at)
-        rows.append({**pooled, "accuracy": float(np.mean(per_task)), "tasks": len(per_task)})
+        rows.append(
+            {
+                **pooled,
+                "score": float(np.mean([t["score"] for t in per_task])),
+                "teacher_forced": float(np.mean([t["teacher_forced"] for t in per_task])),
+                "tasks": len(per_task),
+            }
+        )
     return rows
 
 
 def distance_table(results: Sequence[dict]) -> list[dict]:
-    """Copy-at-distance: accuracy of the repeat and of its first occurrence per log2 distance
-    bucket [2^k, 2^(k+1)): the curve over d."""
+    """Copy-at-distance: score of the repeat and token accuracy of its first occurrence per
+    log2 distance bucket [2^k, 2^(k+1)): the curve over d."""
     copies = [r for r in results if r.get("distance") is not None]
     buckets: dict[int, list[dict]] = {}
     for r in copies:
@@ -190,12 +338,39 @@ def distance_table(results: Sequence[dict]) -> list[dict]:
 
 
 # -------------------------------------------------------------------- effective length
+def _check_scores(scores: dict[int, float]) -> None:
+    if not scores:
+        raise RulerInputError("effective length needs scores at one length at least")
+    bad = {n: s for n, s in scores.items() if not (isinstance(s, int | float) and 0 <= s <= 1)}
+    if bad:
+        raise RulerInputError(
+            f"suite scores outside [0, 1] ({bad}); expected fractions (RULER's percentages / 100)"
+        )
+
+
+def ruler_effective_length(scores: dict[int, float]) -> int | None:
+    """RULER's effective length: the longest evaluated length whose suite score (0-1, the mean
+    over RULER's tasks) exceeds 0.856; None when no length does (RULER's "< 4K").
+
+    The README's words are "the longest length exceeding"; read as "the longest length before
+    the first one that does not", every row of its table gives the same answer (their scores
+    fall with length wherever they cross the bar). The literal reading is kept: a length after
+    a failing one counts when it exceeds the bar.
+    """
+    _check_scores(scores)
+    passing = [n for n, s in scores.items() if s > RULER_THRESHOLD]
+    return max(passing) if passing else None
+
+
 @dataclasses.dataclass(frozen=True)
-class EffectiveLength:
-    length: int | None  # None: below the threshold already at the shortest length
+class RelativeEffectiveLength:
+    """The relative rule's result (see the module docstring): ``length`` None when the score
+    is below the threshold already at the shortest evaluated length."""
+
+    length: int | None
     threshold: float
-    baseline: float  # the score at the shortest length
-    shortest: int
+    anchor: int  # the length the threshold is relative to (the training length)
+    anchor_score: float
     chance: float
     fraction: float = FRACTION
     margin: float = MARGIN
@@ -203,68 +378,119 @@ class EffectiveLength:
     @property
     def rule(self) -> str:
         return (
-            f"the longest evaluated length up to which the mean task accuracy stays >= "
-            f"max({self.fraction} x {self.baseline:.3f} (the score at {self.shortest}), chance "
-            f"{self.chance:.3f} + {self.margin}) = {self.threshold:.3f}"
+            f"relative: the longest evaluated length up to which the suite score stays >= "
+            f"max({self.fraction} x {self.anchor_score:.3f} (the score at the training length "
+            f"{self.anchor}), chance {self.chance:.3f} + {self.margin}) = {self.threshold:.3f}"
         )
-
-    def describe(self) -> str:
-        value = "none (below the threshold at every length)" if self.length is None else self.length
-        return f"effective length {value}: {self.rule}"
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "rule": self.rule}
 
 
-def effective_length(
+def relative_effective_length(
     scores: dict[int, float],
+    anchor: int,
     chance_level: float,
     fraction: float = FRACTION,
     margin: float = MARGIN,
-) -> EffectiveLength:
-    """The rule of the module docstring on ``{length: mean score}``."""
-    if not scores:
-        raise ValueError("effective_length needs scores at one length at least")
-    lengths = sorted(scores)
-    baseline = scores[lengths[0]]
-    threshold = max(fraction * baseline, chance_level + margin)
+) -> RelativeEffectiveLength:
+    """The relative rule on ``{length: suite score}``, anchored at the evaluated length ``anchor``."""
+    _check_scores(scores)
+    if anchor not in scores:
+        raise RulerInputError(
+            f"the relative effective length is anchored at the training length ({anchor}), "
+            f"which was not evaluated (lengths {sorted(scores)}); evaluate it too"
+        )
+    threshold = max(fraction * scores[anchor], chance_level + margin)
     best = None
-    for length in lengths:
+    for length in sorted(scores):
         if scores[length] < threshold:
             break
         best = length
-    return EffectiveLength(best, threshold, baseline, lengths[0], chance_level, fraction, margin)
+    return RelativeEffectiveLength(
+        best, threshold, anchor, scores[anchor], chance_level, fraction, margin
+    )
 
 
-def suite_effective_length(results: Sequence[dict], tasks: Sequence[str] | None = None):
-    """Effective length of the suite score (mean over the tasks in ``results``)."""
-    names = sorted({r["task"] for r in results}) if tasks is None else list(tasks)
-    rows = [r for r in results if r["task"] in names]
-    scores = {r["length"]: r["accuracy"] for r in suite_table(rows)}
-    return effective_length(scores, float(np.mean([chance(n) for n in names])))
+def ruler_task_names(results: Sequence[dict]) -> list[str]:
+    """The RULER tasks among the results (their mean is RULER's suite score)."""
+    return [t for t in RULER_TASK_NAMES if any(r["task"] == t for r in results)]
 
 
-def task_effective_lengths(results: Sequence[dict]) -> dict[str, EffectiveLength]:
-    out = {}
-    for row_task in sorted({r["task"] for r in results}):
-        rows = [r for r in length_table(results) if r["task"] == row_task]
-        out[row_task] = effective_length(
-            {r["length"]: r["accuracy"] for r in rows}, chance(row_task)
-        )
+def suite_scores(results: Sequence[dict], tasks: Sequence[str]) -> dict[int, float]:
+    """{length: the mean over ``tasks`` of each task's mean score}."""
+    rows = [r for r in results if r["task"] in set(tasks)]
+    return {r["length"]: r["score"] for r in suite_table(rows)}
+
+
+def bootstrap_effective_length(
+    results: Sequence[dict],
+    tasks: Sequence[str],
+    rule: Callable[[dict[int, float]], int | None],
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+) -> tuple[int | None, int | None]:
+    """95% interval of ``rule``'s effective length over ``tasks``: every replicate resamples
+    the instances of each task x length cell with replacement (None: below every length)."""
+    cells: dict[tuple[int, str], list[float]] = {}
+    for r in results:
+        if r["task"] in set(tasks):
+            cells.setdefault((r["length"], r["task"]), []).append(float(r["score"]))
+    rng = np.random.default_rng(seed)
+    means = {
+        key: np.asarray(v)[rng.integers(0, len(v), size=(n_boot, len(v)))].mean(1)
+        for key, v in sorted(cells.items())
+    }
+    lengths = sorted({n for n, _ in cells})
+    suite = {n: np.mean([m for (k, _), m in means.items() if k == n], axis=0) for n in lengths}
+    found = [rule({n: float(suite[n][b]) for n in lengths}) or 0 for b in range(n_boot)]
+    low = int(np.quantile(found, 0.025, method="lower"))
+    high = int(np.quantile(found, 0.975, method="higher"))
+    return low or None, high or None
+
+
+def effective_lengths(results: Sequence[dict], anchor: int | None = None) -> dict:
+    """RULER's effective length over the RULER tasks scored (with the tasks named, and said
+    when some are missing) and, given the training length ``anchor``, the relative one over
+    every task scored, each with its bootstrap interval."""
+    ruler_tasks = ruler_task_names(results)
+    out: dict = {"ruler": None, "relative": None}
+    if ruler_tasks:
+        scores = suite_scores(results, ruler_tasks)
+        missing = [t for t in RULER_TASK_NAMES if t not in ruler_tasks]
+        out["ruler"] = {
+            "length": ruler_effective_length(scores),
+            "ci": list(bootstrap_effective_length(results, ruler_tasks, ruler_effective_length)),
+            "threshold": RULER_THRESHOLD,
+            "tasks": ruler_tasks,
+            "missing_tasks": missing,
+            "rule": "RULER: the longest evaluated length whose mean score over RULER's tasks "
+            f"exceeds {RULER_THRESHOLD}" + (f" (without {', '.join(missing)})" if missing else ""),
+        }
+    if anchor is not None:
+        names = sorted({r["task"] for r in results})
+        floor = float(np.mean([chance(n) for n in names]))
+        found = relative_effective_length(suite_scores(results, names), anchor, floor)
+
+        def rule(scores: dict[int, float]) -> int | None:
+            return relative_effective_length(scores, anchor, floor).length
+
+        out["relative"] = {
+            **found.to_dict(),
+            "ci": list(bootstrap_effective_length(results, names, rule)),
+            "tasks": names,
+        }
     return out
 
 
-def summarize(results: Sequence[dict]) -> dict:
-    """The whole report of one scoring: cells, per-length rows, the copy curve, effective lengths."""
-    suite = suite_effective_length(results)
+def summarize(results: Sequence[dict], anchor: int | None = None) -> dict:
+    """The whole report of one scoring: cells, per-length rows, the copy curve, effective
+    lengths (RULER's; the relative one when ``anchor``, the training length, is given)."""
     return {
+        "scoring": sorted({r["scoring"] for r in results}),
         "cells": cell_table(results),
         "lengths": length_table(results),
         "suite": suite_table(results),
         "copy_curve": distance_table(results),
-        "effective_length": suite.length,
-        "effective_length_rule": suite.to_dict(),
-        "task_effective_lengths": {
-            k: v.to_dict() for k, v in task_effective_lengths(results).items()
-        },
+        "effective_length": effective_lengths(results, anchor),
     }
