@@ -15,8 +15,9 @@ answer back to its needle reach the row length. Tasks:
   once somewhere after it, in the eval's copy format;
 - ``repeat``: random letters, a newline, the same letters again (no haystack, no template): half
   the document predictable by induction alone, the densest signal there is;
-- any task of the effective-length suite (longctx.eval.ruler: niah_single, passkey,
-  variable_tracking, ...): one instance per document, answer included.
+- any ``lc_*`` task of longctx.synthetic (lc_niah_single, lc_passkey, lc_variable_tracking,
+  ...; never RULER's templates, which the suite scores): one instance per document, answer
+  included.
 
 The documents of the tasks alternate (document i is task i mod T). The folder is a normal
 prepared folder (its train split), so ``data.shards=[embedded, DIR]`` with ``data.weights``
@@ -42,12 +43,17 @@ from pathlib import Path
 import numpy as np
 
 from longctx.cli import command
+from longctx.data.haystack import resolve_haystack
 from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, load_manifest, write_manifest
 from longctx.data.tokenizer import load_tokenizer
-from longctx.eval.ruler.generate import build_tokens, fill
-from longctx.eval.ruler.generate import check_tasks as ruler_check_tasks
-from longctx.eval.ruler.instances import Layout, RulerInputError, encode, resolve_haystack
-from longctx.eval.ruler.tasks import DIGITS, SPAN, TASKS, _cat, _keys, _needle, _number
+from longctx.synthetic import DoesNotFit, Encoder, Layout, assemble
+from longctx.synthetic import TaskInputError as RulerInputError
+from longctx.synthetic import cat as _cat
+from longctx.synthetic.legacy import DIGITS, SPAN
+from longctx.synthetic.legacy import keys as _keys
+from longctx.synthetic.legacy import needle as _needle
+from longctx.synthetic.legacy import number as _number
+from longctx.synthetic.tasks import TASKS, check_names, lay_out
 
 KIND = "synthesize"
 VERSION = 1
@@ -67,7 +73,7 @@ def kv_recall(rng: random.Random, enc, length: int) -> Layout:
         question = _cat(enc(f" What is the magic number for {key}?"), enc(prefix))
         inserts.append((at, _needle(enc, prefix, value)))
         inserts.append((rng.uniform(at, 1.0), _cat(question, enc(f" {value}"), enc(". "))))
-    return Layout(inserts, np.zeros(0, np.int64), np.zeros(0, np.int64), "")
+    return Layout(inserts=inserts)
 
 
 def copy_dense(rng: random.Random, enc, length: int) -> Layout:
@@ -77,7 +83,7 @@ def copy_dense(rng: random.Random, enc, length: int) -> Layout:
         piece = _cat(enc(" Copy this:"), enc(f" {span}"), enc(". "))
         at = rng.random()
         inserts += [(at, piece), (rng.uniform(at, 1.0), piece)]
-    return Layout(inserts, np.zeros(0, np.int64), np.zeros(0, np.int64), "")
+    return Layout(inserts=inserts)
 
 
 def repeat(rng: random.Random, enc, length: int) -> Layout:
@@ -85,7 +91,7 @@ def repeat(rng: random.Random, enc, length: int) -> Layout:
     induction alone (the densest signal; no haystack, no template)."""
     span = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(max(4, length // 2 - 1)))
     piece = _cat(enc(f"{span}\n"), enc(f"{span}\n"))
-    return Layout([(0.0, piece)], np.zeros(0, np.int64), np.zeros(0, np.int64), "")
+    return Layout(inserts=[(0.0, piece)])
 
 
 DENSE = {"kv_recall": kv_recall, "copy": copy_dense, "repeat": repeat}
@@ -93,8 +99,8 @@ DENSE = {"kv_recall": kv_recall, "copy": copy_dense, "repeat": repeat}
 
 def check_tasks(names: Sequence[str] | str) -> list[str]:
     """The training tasks: the dense ones and the suite's (None is no task: refused)."""
-    known = [*DENSE, *(t for t in TASKS if t not in DENSE)]
-    return ruler_check_tasks([] if names is None else names, known)
+    known = [*DENSE, *(t for t in TASKS if not TASKS[t].ruler)]
+    return check_names([] if names is None else names, known)
 
 
 # -------------------------------------------------------------------------- documents
@@ -103,13 +109,13 @@ def document(name: str, index: int, seed: int, tokenizer, lengths, haystack) -> 
     rng = random.Random(f"{KIND}/{seed}/{name}/{index}")
     low, high = lengths
     length = round(math.exp(rng.uniform(math.log(low), math.log(high))))
-    enc = lambda text: encode(tokenizer, text)  # noqa: E731
+    enc = Encoder(tokenizer)
     if name in DENSE:
         layout = DENSE[name](rng, enc, length)
         if layout.fixed_tokens > high:
             raise RulerInputError(f"{name} does not fit --max-length {high}; raise it")
         length = max(length, layout.fixed_tokens)  # a short draw still holds one needle
-        tokens, _, _ = fill(layout, name, tokenizer, length - 1, rng, haystack)
+        tokens = assemble(layout, length, haystack.units(enc, rng, " ")).prompt
     else:
         tokens = _instance_tokens(TASKS[name], tokenizer, length, high, rng, haystack)
     return np.append(tokens, tokenizer.eos_id).astype(np.int64)
@@ -120,9 +126,9 @@ def _instance_tokens(spec, tokenizer, length: int, longest: int, rng, haystack) 
     depth = rng.random()
     while True:
         try:
-            tokens, _, _ = build_tokens(spec, tokenizer, length - 1, depth, rng, haystack, DIGITS)
-            return tokens
-        except RulerInputError:
+            layout, laid = lay_out(spec, Encoder(tokenizer), length, depth, rng, haystack)
+            return np.concatenate([laid.prompt, layout.answer])
+        except DoesNotFit:
             if length >= longest:
                 raise RulerInputError(
                     f"{spec.name} does not fit --max-length {longest}; raise it"

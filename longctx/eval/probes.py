@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from longctx.eval.ruler.generate import DEFAULT_DEPTHS, make_instance
-from longctx.eval.ruler.instances import Instance, filler_text
+from longctx.eval.ruler.instances import Instance
 from longctx.eval.ruler.scoring import answer_logits, score_instances
 from longctx.eval.ruler.scoring import instance_batch as probe_batch
 
@@ -30,7 +30,6 @@ __all__ = [
     "accuracy_table",
     "answer_logits",
     "default_lengths",
-    "filler_text",
     "make_probe",
     "make_probes",
     "probe_batch",
@@ -51,7 +50,7 @@ def make_probe(
     tokenizer, length: int, depth: float, seed: int, sample: int = 0, digits: int = 5
 ) -> PasskeyProbe:
     """One passkey probe of ``length`` input tokens with the needle at ``depth`` in [0, 1]."""
-    instance = make_instance("passkey", tokenizer, length, depth, seed, sample, "noise", digits)
+    instance = make_instance("lc_passkey", tokenizer, length, depth, seed, sample, "noise", digits)
     return PasskeyProbe(**{f.name: getattr(instance, f.name) for f in dataclasses.fields(Instance)})
 
 

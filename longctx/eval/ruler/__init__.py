@@ -1,23 +1,26 @@
-"""The effective-length suite: RULER-style synthetic tasks generated locally, teacher-forced.
+"""The effective-length suite: RULER's 13 tasks (and longctx's own lc_* ones), generated locally.
 
-    instances = make_instances(tokenizer, ["niah_single", "copy"], [256, 512, 1024])
+    instances = make_instances(tokenizer, ["niah_single_1", "vt"], [1024, 2048, 4096])
     results = score_instances(model, instances)           # any model over PackedBatch
     report = summarize(results)                           # cells with 95% CIs, effective length
 
-Modules: ``tasks`` (the generators), ``instances`` (the instance, haystacks, JSONL),
-``generate`` (instances from names), ``scoring`` (argmax scoring, CIs, the threshold rule),
+Modules: ``tasks`` (the names; the generators are longctx.synthetic's), ``instances`` (the
+instance, haystacks, JSONL), ``generate`` (instances from names, skips said), ``scoring`` (argmax scoring, CIs, the threshold rule),
 ``hf`` (any local transformers folder), ``callback`` (in-loop), ``suite`` (the CLI's runner),
 and longctx.experiments.ruler_report (arms of a sweep: paired differences, heat maps).
 """
 
 from longctx.eval.ruler.generate import (
     DEFAULT_DEPTHS,
+    RULER_TASK_NAMES,
     TASK_NAMES,
+    Plan,
     chance,
     check_depth,
     check_tasks,
     make_instance,
     make_instances,
+    plan_instances,
 )
 from longctx.eval.ruler.instances import (
     CorpusHaystack,
@@ -49,6 +52,8 @@ __all__ = [
     "EffectiveLength",
     "Instance",
     "NoiseHaystack",
+    "Plan",
+    "RULER_TASK_NAMES",
     "RulerInputError",
     "answer_logits",
     "cell_table",
@@ -60,6 +65,7 @@ __all__ = [
     "length_table",
     "make_instance",
     "make_instances",
+    "plan_instances",
     "resolve_haystack",
     "score_instances",
     "suite_effective_length",

@@ -1,40 +1,36 @@
 """Instances of the suite: every one a pure function of (task, length, depth, seed, sample,
-tokenizer, haystack), checked before anything is scored."""
+tokenizer, haystack, qa data), checked before anything is scored.
+
+``make_instances`` is strict (a length too short for a task is refused); ``plan_instances``
+skips such (task, length) cells and says why, which is what the suite's default runs do.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
-from longctx.eval.ruler.instances import (
-    Instance,
-    Layout,
-    NoiseHaystack,
-    RulerInputError,
-    assemble,
-    encode,
-    resolve_haystack,
-)
-from longctx.eval.ruler.tasks import DIGITS, TASKS, Task, _TooShort
+import numpy as np
+
+from longctx.data.haystack import resolve_haystack
+from longctx.eval.ruler.instances import Instance, RulerInputError
+from longctx.eval.ruler.tasks import DIGITS, RULER_TASKS, TASKS, Task
+from longctx.synthetic import DoesNotFit, Encoder
+from longctx.synthetic.qa import QAData, load_qa_folder
+from longctx.synthetic.tasks import check_names, lay_out
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-# every task, in the order of the tables
+# every task, in the order of the tables: RULER's 13, then the lc_ ones
 TASK_NAMES = tuple(TASKS)
+RULER_TASK_NAMES = RULER_TASKS
+NO_QA_DATA = "no --qa-data folder (RULER's SQuAD / HotpotQA JSON; nothing is downloaded)"
 
 
 def check_tasks(names: Sequence[str] | str | None, known: Sequence[str] = TASK_NAMES) -> list[str]:
-    """Task names (a list or "a,b"), each one of ``known``; None -> all of them."""
-    if names is None:
-        return list(known)
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise RulerInputError(
-            f"unknown task ({', '.join(map(repr, unknown)) or 'none given'}); expected some of "
-            f"{', '.join(known)}"
-        )
-    return list(dict.fromkeys(names))
+    """Task names (a list or "a,b"), each one of ``known``; None -> RULER's 13."""
+    return list(RULER_TASKS) if names is None else check_names(names, known)
 
 
 def check_depth(depth) -> float:
@@ -49,9 +45,29 @@ def task(name: str) -> Task:
 
 
 def rng_for(name: str, seed: int, length: int, depth: float, sample: int) -> random.Random:
-    """The instance's own random stream (the passkey keeps the probe's historical namespace)."""
-    prefix = "passkey" if name == "passkey" else f"ruler/{name}"
+    """The instance's own random stream (lc_passkey keeps the probe's historical namespace)."""
+    prefix = "passkey" if name == "lc_passkey" else f"ruler/{name}"
     return random.Random(f"{prefix}/{seed}/{length}/{depth}/{sample}")
+
+
+_ENCODERS: dict[int, tuple[object, Encoder]] = {}
+
+
+def encoder(tokenizer) -> Encoder:
+    """One memoised encoder per tokenizer object (haystack sentences recur across instances)."""
+    held = _ENCODERS.get(id(tokenizer))
+    if held is None or held[0] is not tokenizer:
+        if len(_ENCODERS) >= 4:
+            _ENCODERS.clear()
+        held = _ENCODERS[id(tokenizer)] = (tokenizer, Encoder(tokenizer))
+    return held[1]
+
+
+def resolve_qa(qa_data) -> dict[str, QAData] | None:
+    """None, a folder (``--qa-data``) or already-read datasets."""
+    if qa_data is None or isinstance(qa_data, dict):
+        return qa_data
+    return load_qa_folder(Path(qa_data))
 
 
 def make_instance(
@@ -61,48 +77,91 @@ def make_instance(
     depth: float,
     seed: int,
     sample: int = 0,
-    haystack="noise",
+    haystack="books",
     digits: int = DIGITS,
+    qa_data=None,
+    cache_dir: str | None = None,
 ) -> Instance:
-    """One instance of ``length`` input tokens, its (first) needle at ``depth`` in [0, 1]."""
+    """One instance of ``length`` tokens (prompt + tokens_to_generate), its (first) needle at
+    ``depth`` in [0, 1]; a length too short for the task is refused (one line)."""
     spec, depth = task(name), check_depth(depth)
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise RulerInputError(f"length={length!r}; expected an int >= 1 (input tokens)")
+        raise RulerInputError(f"length={length!r}; expected an int >= 1 (tokens)")
     if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1:
         raise RulerInputError(f"digits={digits!r}; expected an int >= 1")
+    qa = resolve_qa(qa_data)
+    if spec.reads == "qa" and spec.qa_dataset not in (qa or {}):
+        raise RulerInputError(f"{name} needs RULER's {spec.qa_dataset}.json: {NO_QA_DATA}")
+    source = resolve_haystack(haystack, cache_dir) if spec.reads == "haystack" else None
     rng = rng_for(name, seed, length, depth, sample)
-    tokens, layout, reference = build_tokens(spec, tokenizer, length, depth, rng, haystack, digits)
-    distance = None if reference is None else len(tokens) - len(layout.answer) - reference[0]
+    try:
+        layout, laid = lay_out(spec, encoder(tokenizer), length, depth, rng, source, qa, digits)
+    except DoesNotFit as err:
+        raise RulerInputError(
+            f"{name} length={length} is too short ({err}); evaluate at a longer length"
+        ) from None
+    prompt = laid.prompt
+    distance = None if laid.reference is None else len(prompt) - laid.reference[0]
     return Instance(
-        name, length, depth, sample, seed, tokens, layout.answer_text, len(layout.answer),
-        reference, distance, len(layout.question),
+        name, length, depth, sample, seed, np.concatenate([prompt, layout.answer]), layout.answer_text,
+        len(layout.answer), laid.reference, distance, len(layout.question), layout.references,
+        spec.metric, spec.tokens_to_generate,
     )  # fmt: skip
 
 
-def build_tokens(spec: Task, tokenizer, length: int, depth: float, rng, haystack, digits: int):
-    """(tokens [length + 1], the layout, the reference span) of one instance drawn from ``rng``."""
-    enc = lambda text: encode(tokenizer, text)  # noqa: E731
-    try:
-        layout = spec.build(rng, enc, length + 1, depth, digits)
-    except _TooShort as err:
-        raise RulerInputError(
-            f"{spec.name} length={length} is too short ({err}); evaluate at a longer length"
-        ) from None
-    return fill(layout, spec.name, tokenizer, length, rng, haystack if spec.uses_haystack else None)
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The instances to score, and the (task, length) cells skipped with the reason."""
+
+    instances: list[Instance]
+    skipped: list[dict]  # {"task", "length", "reason"}
+
+    def describe(self) -> str:
+        ran = list(dict.fromkeys(i.task for i in self.instances))
+        lines = [f"ran: {', '.join(ran) or 'nothing'}"]
+        for s in self.skipped:
+            length = "every length" if s["length"] is None else f"length {s['length']}"
+            lines.append(f"skipped {s['task']} at {length}: {s['reason']}")
+        return "\n".join(lines)
 
 
-def fill(layout: Layout, name: str, tokenizer, length: int, rng, haystack):
-    """The layout with the haystack (noise when None) filling the rest of ``length + 1``."""
-    n_filler = length + 1 - layout.fixed_tokens
-    if n_filler < 0:
+def plan_instances(
+    tokenizer,
+    tasks: Sequence[str] | str | None,
+    lengths: Sequence[int],
+    depths: Sequence[float] = DEFAULT_DEPTHS,
+    samples: int = 4,
+    seed: int = 0,
+    haystack="books",
+    cache_dir: str | None = None,
+    digits: int = DIGITS,
+    qa_data=None,
+) -> Plan:
+    """Every (task, length, depth, sample) instance in that order; a (task, length) cell the
+    length cannot hold, and a qa task without its data, are skipped and said. Refused: an
+    unknown task, bad depths or samples, and a plan where nothing is left."""
+    names, depths, qa = _check(tasks, lengths, depths, samples, qa_data)
+    source = resolve_haystack(haystack, cache_dir) if _reads(names, "haystack") else None
+    instances: list[Instance] = []
+    skipped: list[dict] = []
+    for name in names:
+        if TASKS[name].reads == "qa" and TASKS[name].qa_dataset not in (qa or {}):
+            skipped.append({"task": name, "length": None, "reason": NO_QA_DATA})
+            continue
+        for length in lengths:
+            try:
+                instances += _cell(
+                    name, tokenizer, length, depths, samples, seed, source, digits, qa
+                )
+            except RulerInputError as err:
+                skipped.append({"task": name, "length": length, "reason": str(err)})
+    if not instances:
         raise RulerInputError(
-            f"{name} length={length} is too short: its needles, question and answer alone take "
-            f"{layout.fixed_tokens - 1} input tokens (the task's minimum); evaluate at a longer "
-            "length"
+            f"no instance fits: lengths {list(lengths)} are below every task's minimum or the "
+            f"tasks were skipped ({'; '.join(s['reason'] for s in skipped[:2])}); evaluate at "
+            "longer lengths"
         )
-    source = NoiseHaystack() if haystack is None else resolve_haystack(haystack)
-    tokens, reference = assemble(layout, source.tokens(tokenizer, rng, n_filler))
-    return tokens, layout, reference
+    return Plan(instances, skipped)
 
 
 def make_instances(
@@ -115,28 +174,42 @@ def make_instances(
     haystack="books",
     cache_dir: str | None = None,
     digits: int = DIGITS,
+    qa_data=None,
 ) -> list[Instance]:
-    """Every (task, length, depth, sample) instance in that order; one haystack for all."""
+    """Every (task, length, depth, sample) instance in that order; one haystack for all. A
+    length too short for a task, or a qa task without its data, is refused (one line)."""
+    names, depths, qa = _check(tasks, lengths, depths, samples, qa_data)
+    source = resolve_haystack(haystack, cache_dir) if _reads(names, "haystack") else None
+    return [
+        instance
+        for name in names
+        for length in lengths
+        for instance in _cell(name, tokenizer, length, depths, samples, seed, source, digits, qa)
+    ]
+
+
+def _check(tasks, lengths, depths, samples, qa_data):
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise RulerInputError(f"samples={samples!r}; expected an int >= 1")
     names = check_tasks(tasks)
     depths = [check_depth(d) for d in depths]
     if not lengths or not depths:
         raise RulerInputError(f"lengths={list(lengths)}, depths={depths}; expected some of each")
-    source = (
-        resolve_haystack(haystack, cache_dir)
-        if any(TASKS[n].uses_haystack for n in names)
-        else None
-    )
+    return names, depths, resolve_qa(qa_data)
+
+
+def _reads(names: Sequence[str], what: str) -> bool:
+    return any(TASKS[n].reads == what for n in names)
+
+
+def _cell(name, tokenizer, length, depths, samples, seed, source, digits, qa) -> list[Instance]:
     return [
-        make_instance(n, tokenizer, length, d, seed, s, source, digits)
-        for n in names
-        for length in lengths
+        make_instance(name, tokenizer, length, d, seed, s, source, digits, qa)
         for d in depths
         for s in range(samples)
     ]
 
 
 def chance(name: str, digits: int = DIGITS) -> float:
-    """The accuracy of a guess that knows the answer's format but not the context."""
+    """The accuracy of a teacher-forced guess that knows the answer's format, not the context."""
     return task(name).chance(digits)
