@@ -2,10 +2,13 @@
 
 The input is what :class:`longctx.eval.callbacks.HeldOutDocumentLoss` writes into each run folder:
 loss sums per (held-out document, in-document position bucket), the same documents for every arm.
-Resampling documents (and, when the sweep has several seeds, seeds) gives
+The hierarchical bootstrap of :mod:`longctx.experiments.statistics` (training seeds resampled, then
+documents within each drawn seed; two arms paired by seed where they share their seeds) gives
 
 - per arm: the token-weighted held-out loss with its 95% CI;
-- per pair of arms: the paired difference on the same documents, its CI and a verdict;
+- per pair of arms: the paired difference on the same seeds and documents, its CI and a verdict;
+- the same on the answer tokens of held-out long-range documents (the loss that needs
+  retrieval, :mod:`longctx.eval.answer_loss`), where the runs scored them;
 - the training-noise floor: resampling documents says whether two *trained models* differ, not
   whether two *arms* do. Training amplifies rounding: the two masked arms compute the same function
   up to ~1e-6, agree bitwise for the first few dozen steps and then drift apart (a 300-step run ends
@@ -29,9 +32,11 @@ import numpy as np
 import pandas as pd
 
 from longctx.data.arms import ARM_ORDER, arm_label
+from longctx.experiments import statistics as st
 from longctx.experiments.runs import require_runs, run_name, run_settings
 
 HELD_OUT_FILE = Path("eval") / "held_out_documents.csv"
+ANSWERS_FILE = Path("eval") / "held_out_answers.csv"  # longctx.eval.answer_loss
 ARM_KEYS = ("reset_position_ids", "document_mask", "packer")
 CONFIDENCE = 0.95
 
@@ -118,41 +123,31 @@ def ordered_arms(arms) -> list[tuple]:
     return sorted(set(arms), key=lambda a: (rank.get((a[0], a[1]), 99), str(a[2])))
 
 
+def per_instance(root: str | Path) -> pd.DataFrame:
+    """Every run's per-document rows at its last validation (the bootstrap's input), held-out
+    documents (``set`` "held_out") and answer tokens ("answers") where scored: what the summary's
+    numbers are recomputed from."""
+    runs = run_infos(root)
+    names = arm_names(ordered_arms(r.arm for r in runs))
+    parts = [held_out_frame(runs).assign(set="held_out")]
+    for run in runs:
+        if (run.folder / ANSWERS_FILE).is_file():
+            answers = _last_step(pd.read_csv(run.folder / ANSWERS_FILE))
+            parts.append(answers.assign(set="answers", run=run.name, arm=[run.arm] * len(answers),
+                                        seed=run.seed))  # fmt: skip
+    frame = pd.concat(parts, ignore_index=True)
+    return frame.assign(arm=frame["arm"].map(names))
+
+
 # ---------------------------------------------------------------------------- bootstrap
-def loss_matrix(frame: pd.DataFrame, arm: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """(loss sums [seeds, docs], tokens [docs]) of one arm, documents in a fixed order."""
+def arm_sample(frame: pd.DataFrame, arm: tuple) -> st.ArmSample:
+    """One arm's loss sums over tokens, [seeds, documents] (documents in a fixed order)."""
     rows = frame[frame["arm"].apply(lambda a: a == arm)]
-    sums = rows.groupby(["seed", "doc"])["loss_sum"].sum().unstack("doc").sort_index(axis=1)
-    tokens = rows.groupby("doc")["tokens"].sum().sort_index() / sums.shape[0]
-    return sums.to_numpy(), tokens.to_numpy()
-
-
-def bootstrap_loss(sums, tokens, n_boot: int, rng) -> np.ndarray:
-    """Replicates of the token-weighted loss, resampling documents (and seeds when > 1)."""
-    seeds_avg = _resample_seeds(sums, n_boot, rng)  # [n_boot, docs]
-    docs = rng.integers(0, len(tokens), size=(n_boot, len(tokens)))
-    picked = np.take_along_axis(seeds_avg, docs, axis=1).sum(1)
-    return picked / tokens[docs].sum(1)
-
-
-def bootstrap_difference(sums_a, sums_b, tokens, n_boot: int, rng) -> np.ndarray:
-    """Replicates of loss(a) - loss(b) on the same resampled documents (paired)."""
-    diff = _resample_seeds(sums_a, n_boot, rng) - _resample_seeds(sums_b, n_boot, rng)
-    docs = rng.integers(0, len(tokens), size=(n_boot, len(tokens)))
-    return np.take_along_axis(diff, docs, axis=1).sum(1) / tokens[docs].sum(1)
-
-
-def _resample_seeds(sums: np.ndarray, n_boot: int, rng) -> np.ndarray:
-    if sums.shape[0] == 1:
-        return np.broadcast_to(sums[0], (n_boot, sums.shape[1]))
-    picks = rng.integers(0, sums.shape[0], size=(n_boot, sums.shape[0]))
-    return sums[picks].mean(axis=1)
+    return st.arm_sample(rows, "loss_sum", "tokens", ["doc"])
 
 
 def interval(replicates: np.ndarray) -> tuple[float, float]:
-    tail = (1 - CONFIDENCE) / 2 * 100
-    low, high = np.percentile(replicates, [tail, 100 - tail])
-    return float(low), float(high)
+    return st.interval(replicates, CONFIDENCE)
 
 
 def verdict(low: float, high: float, floor: float | None = None) -> str:
@@ -189,27 +184,28 @@ def apply_training_noise(pairs: list[dict], control: tuple[str, str] | None) -> 
 def summarize(
     root: str | Path, n_boot: int = 2000, seed: int = 0, allow_mixed: bool = False
 ) -> dict:
-    """Arms, pairwise differences and per-position bands of the runs under root."""
+    """Arms, pairwise differences and per-position bands of the runs under root (the held-out
+    loss), and the same on the held-out answer tokens where the runs scored them."""
     runs = run_infos(root)
     check_comparable(runs, allow_mixed)
     frame = held_out_frame(runs)
     arms = ordered_arms(r.arm for r in runs)
     names = arm_names(arms)
     rng = np.random.default_rng(seed)
-    matrices = {arm: loss_matrix(frame, arm) for arm in arms}
+    samples = {arm: arm_sample(frame, arm) for arm in arms}
     summary = {
         "root": str(root),
         "runs": len(runs),
         "documents": int(frame["doc"].nunique()),
-        "target_tokens": int(matrices[arms[0]][1].sum()),
-        "bootstrap": {"replicates": n_boot, "confidence": CONFIDENCE, "seed": seed},
-        "arms": [_arm_row(names[a], a, runs, *matrices[a], n_boot, rng) for a in arms],
-        # every pair as (later arm - earlier arm): the first arm is the control
-        "pairs": [
-            _pair_row(names[later], names[earlier], matrices[later], matrices[earlier], n_boot, rng)
-            for earlier, later in itertools.combinations(arms, 2)
-        ],
-        "control": names[arms[0]],
+        "target_tokens": int(samples[arms[0]].weights[0].sum()),
+        "bootstrap": {
+            "replicates": n_boot,
+            "confidence": CONFIDENCE,
+            "seed": seed,
+            "method": BOOTSTRAP_METHOD,
+        },  # fmt: skip
+        "arms": [_arm_row(names[a], a, runs, samples[a], n_boot, rng) for a in arms],
+        **_pairs(arms, names, samples, n_boot, rng),
     }
     control = rounding_control(arms)
     summary["training_noise"] = apply_training_noise(
@@ -219,13 +215,29 @@ def summarize(
     for row in summary["arms"]:
         row["delta_vs_control"] = versus_control.get(row["arm"])
     summary["positions"] = position_bands(frame, names, n_boot, rng).to_dict("records")
+    summary["answer_loss"] = answer_loss_summary(runs, arms, names, n_boot, rng)
     return summary
 
 
-def _arm_row(name, arm, runs, sums, tokens, n_boot, rng) -> dict:
+BOOTSTRAP_METHOD = (
+    "hierarchical: training seeds resampled, then documents within each drawn seed; arm "
+    "differences paired (one draw for both arms) where the arms share their seeds"
+)
+
+
+def _pairs(arms: list[tuple], names: dict, samples: dict, n_boot: int, rng) -> dict:
+    """Every pair as (later arm - earlier arm): the first arm is the control."""
+    pairs = [
+        _pair_row(names[later], names[earlier], samples[later], samples[earlier], n_boot, rng)
+        for earlier, later in itertools.combinations(arms, 2)
+    ]
+    return {"pairs": pairs, "control": names[arms[0]]}
+
+
+def _arm_row(name, arm, runs, sample: st.ArmSample, n_boot, rng) -> dict:
     own = [r for r in runs if r.arm == arm]
-    low, high = interval(bootstrap_loss(sums, tokens, n_boot, rng))
-    per_seed = sums.sum(1) / tokens.sum()
+    low, high = interval(st.bootstrap(sample, n_boot, rng))
+    per_seed = np.array(list(sample.per_seed().values()))
     return {
         "arm": name,
         "reset_position_ids": arm[0],
@@ -233,33 +245,52 @@ def _arm_row(name, arm, runs, sums, tokens, n_boot, rng) -> dict:
         "packer": arm[2],
         "seeds": sorted(r.seed for r in own),
         "runs": [r.name for r in own],
-        "loss": float(sums.mean(0).sum() / tokens.sum()),
+        "loss": sample.estimate,
         "ci": [low, high],
         "seed_losses": per_seed.tolist(),
         "seed_sd": float(per_seed.std(ddof=1)) if len(per_seed) > 1 else None,
     }
 
 
-def _pair_row(name_a, name_b, a, b, n_boot, rng) -> dict:
-    (sums_a, tokens), (sums_b, _) = a, b
-    delta = float((sums_a.mean(0) - sums_b.mean(0)).sum() / tokens.sum())
-    low, high = interval(bootstrap_difference(sums_a, sums_b, tokens, n_boot, rng))
-    return {"a": name_a, "b": name_b, "delta": delta, "ci": [low, high],
-            "verdict": verdict(low, high)}  # fmt: skip
+def _pair_row(name_a, name_b, a: st.ArmSample, b: st.ArmSample, n_boot, rng) -> dict:
+    row = st.difference(a, b, n_boot, rng, paired=st.shares_seeds(a, b))
+    return {"a": name_a, "b": name_b, **row, "verdict": verdict(*row["ci"])}
 
 
 def position_bands(frame: pd.DataFrame, names: dict, n_boot: int, rng) -> pd.DataFrame:
-    """Per arm and in-document bucket: loss and its bootstrap CI over documents."""
+    """Per arm and in-document bucket: loss and its bootstrap CI over seeds and documents."""
     rows = []
     for (arm, start), part in frame.groupby([frame["arm"].map(names), "bucket_start"]):
-        sums = part.groupby(["seed", "doc"])["loss_sum"].sum().unstack("doc").fillna(0.0)
-        tokens = part.groupby("doc")["tokens"].sum().reindex(sums.columns) / sums.shape[0]
-        replicates = bootstrap_loss(sums.to_numpy(), tokens.to_numpy(), n_boot, rng)
-        low, high = interval(replicates)
-        loss = float(sums.to_numpy().mean(0).sum() / tokens.sum())
-        rows.append({"arm": arm, "bucket_start": int(start), "loss": loss, "low": low,
-                     "high": high, "tokens": int(tokens.sum())})  # fmt: skip
+        sample = st.arm_sample(part, "loss_sum", "tokens", ["doc"])
+        low, high = interval(st.bootstrap(sample, n_boot, rng))
+        rows.append({"arm": arm, "bucket_start": int(start), "loss": sample.estimate, "low": low,
+                     "high": high, "tokens": int(sample.weights[0].sum())})  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def answer_loss_summary(runs: list[RunInfo], arms, names: dict, n_boot: int, rng) -> dict | None:
+    """The loss on the answer tokens of held-out long-range documents (retrieval's loss,
+    longctx.eval.answer_loss), per arm and pair; None when the runs did not score it."""
+    if not all((r.folder / ANSWERS_FILE).is_file() for r in runs):
+        return None
+    parts = [_last_step(pd.read_csv(r.folder / ANSWERS_FILE)).assign(run=r.name, seed=r.seed)
+             for r in runs]  # fmt: skip
+    frame = pd.concat(parts, ignore_index=True)
+    frame["arm"] = frame["run"].map({r.name: r.arm for r in runs})
+    samples = {arm: arm_sample(frame, arm) for arm in arms}
+    first = samples[arms[0]]
+    return {
+        "documents": len(first.instances),
+        "answer_tokens": int(first.weights[0].sum()),
+        "arms": [{"arm": names[a], "loss": samples[a].estimate,
+                  "ci": list(interval(st.bootstrap(samples[a], n_boot, rng))),
+                  "seed_losses": list(samples[a].per_seed().values())} for a in arms],
+        **_pairs(arms, names, samples, n_boot, rng),
+    }  # fmt: skip
+
+
+def _last_step(data: pd.DataFrame) -> pd.DataFrame:
+    return data[data["step"] == data["step"].max()]
 
 
 # ------------------------------------------------------------------------------- tables
@@ -285,13 +316,24 @@ def format_summary(summary: dict) -> str:
     if not summary["pairs"]:
         lines += ["", "one arm only: no pairwise comparison"]
         return "\n".join(lines)
-    lines += ["", "| a | b | a - b [95% CI] | verdict |", "|---|---|---|---|"]
-    for pair in summary["pairs"]:
-        lines.append(
-            f"| {pair['a']} | {pair['b']} | {pair['delta']:+.4f} {_ci(pair['ci'])} "
-            f"| {pair['verdict']} |"
-        )
+    lines += ["", *pairs_table(summary["pairs"], "a - b [95% CI]")]
+    answers = summary.get("answer_loss")
+    if answers:
+        lines += ["", f"held-out answer tokens (retrieval's loss): {answers['documents']} "
+                  f"documents, {answers['answer_tokens']:,} answer tokens", "",
+                  "| arm | answer loss [95% CI] |", "|---|---|"]  # fmt: skip
+        lines += [f"| {r['arm']} | {r['loss']:.4f} {_ci(r['ci'])} |" for r in answers["arms"]]
+        lines += ["", *pairs_table(answers["pairs"], "answer loss a - b [95% CI]")]
     return "\n".join(lines)
+
+
+def pairs_table(pairs: list[dict], what: str) -> list[str]:
+    lines = [f"| a | b | {what} | paired | verdict |", "|---|---|---|---|---|"]
+    for pair in pairs:
+        paired = f"by seed ({pair['seeds']})" if pair["paired"] else "no (other seeds)"
+        lines.append(f"| {pair['a']} | {pair['b']} | {pair['delta']:+.4f} {_ci(pair['ci'])} "
+                     f"| {paired} | {pair['verdict']} |")  # fmt: skip
+    return lines
 
 
 def _noise_line(noise: dict | None) -> str:

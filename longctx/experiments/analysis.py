@@ -25,8 +25,9 @@ import pandas as pd
 
 from longctx.cli import command
 from longctx.data.arms import ARM_ORDER, arm_label
-from longctx.experiments.ablation import format_summary, summarize
+from longctx.experiments.ablation import format_summary, per_instance, summarize
 from longctx.experiments.runs import find_runs, require_runs, run_name, run_settings
+from longctx.experiments.statistics import write_per_instance
 
 CSV_LOG = Path("csv") / "metrics.csv"
 
@@ -374,8 +375,12 @@ def write_summary(args: argparse.Namespace) -> list[Path]:
     path = args.summary or args.out.with_suffix(".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary, indent=1) + "\n")
+    # beside the JSON, what its numbers are recomputed from: per run, seed and document
+    instances = path.with_name(path.stem + "_instances.csv.gz")
+    write_per_instance(per_instance(args.folder), instances)
     bands = plot_held_out_bands(pd.DataFrame(summary["positions"]))
-    return [path, save_figure(bands, args.out.with_name(args.out.stem + "_held_out.png"))]
+    return [path, instances,
+            save_figure(bands, args.out.with_name(args.out.stem + "_held_out.png"))]  # fmt: skip
 
 
 cli = command(main)  # the console script and python -m: one-line errors, exit 2

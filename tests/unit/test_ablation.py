@@ -126,7 +126,10 @@ def test_seeds_give_a_spread_and_enter_the_ci(tmp_path):
     assert control["seed_sd"] == pytest.approx(0.05 / np.sqrt(2), abs=0.01)
     assert arms["unmasked, continuous pos"]["delta_vs_control"]["verdict"] == "differs"
     text = S.format_summary(summary)
-    assert "| masked, reset pos | 2 |" in text and "| a | b | a - b [95% CI] | verdict |" in text
+    assert (
+        "| masked, reset pos | 2 |" in text
+        and "| a | b | a - b [95% CI] | paired | verdict |" in text
+    )
 
 
 def test_position_bands_cover_each_bucket(tmp_path):
@@ -190,8 +193,72 @@ def test_cli_prints_the_tables_and_writes_summary_and_bands(tmp_path, capsys):
         (run / "csv").mkdir()
         pd.DataFrame(metrics).to_csv(run / "csv" / "metrics.csv", index=False)
     written = A.main([str(root), "--out", str(tmp_path / "fig.png"), "--bootstrap", "300"])
-    assert {p.name for p in written} == {"fig.png", "fig.json", "fig_held_out.png"}
+    assert {p.name for p in written} == {"fig.png", "fig.json", "fig_held_out.png",
+                                         "fig_instances.csv.gz"}  # fmt: skip
+    rows = pd.read_csv(tmp_path / "fig_instances.csv.gz")
+    assert len(rows) == 4 * DOCS * 4 and set(rows["set"]) == {"held_out"}  # 4 runs x docs x buckets
     summary = json.loads((tmp_path / "fig.json").read_text())
     assert len(summary["arms"]) == 4 and len(summary["pairs"]) == 6
     out = capsys.readouterr().out
     assert "| arm | seeds | held-out loss [95% CI] |" in out and "unmasked, reset pos" in out
+
+
+def test_arms_sharing_seeds_are_paired_by_seed(tmp_path):
+    """Seed s of every arm continues from the same stage-1 run: a large seed effect (0.3 nats)
+    shared by both arms cancels in the paired difference, which resampling each arm's seeds on
+    its own (the bug of issue 42) does not: its interval would cover 0."""
+    base = doc_losses(0)
+    for seed, shift in ((0, 0.0), (1, 0.3), (2, -0.3)):
+        write_arm(tmp_path, True, True, noisy(base, 10 + seed, 0.005) + shift, seed=seed)
+        write_arm(tmp_path, False, False, noisy(base, 20 + seed, 0.005) + shift + 0.02, seed=seed)
+    summary = S.summarize(tmp_path, n_boot=2000)
+    (pair,) = summary["pairs"]
+    assert pair["paired"] and pair["seeds"] == 3
+    assert 0.01 < pair["ci"][0] < 0.02 < pair["ci"][1] < 0.03
+    arm_width = np.subtract(*summary["arms"][0]["ci"][::-1])
+    assert arm_width > 0.3  # the seeds' spread is in each arm's own interval
+
+
+def test_arms_on_other_seeds_are_compared_unpaired(tmp_path):
+    base = doc_losses(0)
+    write_arm(tmp_path, True, True, base, seed=0)
+    write_arm(tmp_path, False, False, noisy(base, 1) + 0.1, seed=1)
+    (pair,) = S.summarize(tmp_path, n_boot=500)["pairs"]
+    assert not pair["paired"] and "no (other seeds)" in S.format_summary(
+        S.summarize(tmp_path, n_boot=200)
+    )
+
+
+def write_answers(run, losses, steps=(10, 20)):
+    """eval/held_out_answers.csv as longctx.eval.answer_loss writes it: per document, the loss
+    sum over its answer tokens."""
+    rows = [{"step": step, "doc": doc, "task": "ood_ledger", "tokens": 7,
+             "loss_sum": 7 * (loss + (0 if step == max(steps) else 9))}
+            for step in steps for doc, loss in enumerate(losses)]  # fmt: skip
+    pd.DataFrame(rows).to_csv(run / "eval" / "held_out_answers.csv", index=False)
+
+
+def test_answer_token_loss_is_summarized_per_arm_and_pair(tmp_path):
+    base, answers = doc_losses(0), np.linspace(0.5, 3.0, 32)
+    for seed in (0, 1):
+        write_answers(
+            write_arm(tmp_path, True, True, noisy(base, seed), seed=seed),
+            noisy(answers, 5 + seed, 0.01),
+        )
+        write_answers(write_arm(tmp_path, True, False, noisy(base, 2 + seed), seed=seed),
+                      noisy(answers, 7 + seed, 0.01) + 1.0)  # fmt: skip
+    summary = S.summarize(tmp_path, n_boot=1000)
+    answers_summary = summary["answer_loss"]
+    assert answers_summary["documents"] == 32 and answers_summary["answer_tokens"] == 32 * 7
+    control = answers_summary["arms"][0]
+    assert control["loss"] == pytest.approx(answers.mean(), abs=0.01)
+    (pair,) = answers_summary["pairs"]
+    assert pair["paired"] and pair["ci"][0] < 1.0 < pair["ci"][1] and pair["ci"][0] > 0.95
+    assert "held-out answer tokens" in S.format_summary(summary)
+    rows = S.per_instance(tmp_path)
+    assert (rows["set"] == "answers").sum() == 4 * 32
+
+
+def test_runs_without_answer_losses_have_none(tmp_path):
+    write_arm(tmp_path, True, True, doc_losses(0))
+    assert S.summarize(tmp_path, n_boot=100)["answer_loss"] is None

@@ -1,0 +1,131 @@
+"""longctx.experiments.statistics: the hierarchical, seed-paired bootstrap on data of known
+structure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from longctx.experiments import statistics as st
+
+SEEDS, INSTANCES = 5, 200
+
+
+def shared_structure(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Arm A: a large seed effect (sd 1) plus instance noise (sd 0.3); arm B = A + 0.1 on
+    every instance (the same seeds, the same instances)."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(0, 1.0, (SEEDS, 1)) + rng.normal(0, 0.3, (SEEDS, INSTANCES))
+    return a, a + 0.1
+
+
+def test_paired_difference_is_narrow_and_covers_the_shift_unpaired_is_wide():
+    a, b = shared_structure()
+    arm_a, arm_b = st.ArmSample.of(a), st.ArmSample.of(b)
+    paired = st.difference(arm_b, arm_a, 2000, np.random.default_rng(0))
+    unpaired = st.difference(arm_b, arm_a, 2000, np.random.default_rng(0), paired=False)
+    assert paired["delta"] == pytest.approx(0.1, rel=1e-9)
+    low, high = paired["ci"]
+    # every draw sees the same shift: the interval is 0.1 up to round-off
+    assert low == pytest.approx(0.1, rel=1e-9) and high == pytest.approx(0.1, rel=1e-9)
+    wide = unpaired["ci"][1] - unpaired["ci"][0]
+    assert unpaired["ci"][0] < 0 < unpaired["ci"][1] and wide > 0.5  # the seed sd 1 dominates
+    assert paired["paired"] and not unpaired["paired"]
+
+
+def test_paired_difference_with_instance_noise_between_arms():
+    """B = A + 0.1 + its own instance noise (sd 0.1): the paired interval holds 0.1 and its
+    width is the instance noise's, ~2 x 1.96 x 0.1 / sqrt(S x N), not the seeds'."""
+    a, _ = shared_structure()
+    b = a + 0.1 + np.random.default_rng(9).normal(0, 0.1, a.shape)
+    ci = st.difference(st.ArmSample.of(b), st.ArmSample.of(a), 4000, np.random.default_rng(1))["ci"]
+    assert ci[0] < 0.1 < ci[1]
+    assert 0.005 < ci[1] - ci[0] < 0.04
+
+
+def test_one_seed_reflects_instances_only():
+    rng = np.random.default_rng(3)
+    values = rng.normal(0, 1.0, (1, 400))
+    low, high = st.interval(st.bootstrap(st.ArmSample.of(values), 4000, np.random.default_rng(0)))
+    # the standard error of a mean of 400 draws of sd 1: 0.05, so a 95% interval ~0.2 wide
+    assert 0.15 < high - low < 0.25
+    assert low < values.mean() < high
+
+
+def test_seeds_widen_the_interval_beyond_instances():
+    rng = np.random.default_rng(4)
+    seedless = rng.normal(0, 0.3, (SEEDS, INSTANCES))
+    seedy = seedless + rng.normal(0, 1.0, (SEEDS, 1))
+    width = [np.subtract(*st.interval(st.bootstrap(st.ArmSample.of(v), 2000,
+                                                   np.random.default_rng(0))))
+             for v in (seedless, seedy)]  # fmt: skip
+    assert abs(width[1]) > 10 * abs(width[0])
+
+
+def test_ratio_of_sums_weights_instances():
+    """The held-out loss: loss sums over tokens; a long document weighs more."""
+    arm = st.ArmSample.of([[10.0, 2.0]], weights=[10.0, 1.0])
+    assert arm.estimate == pytest.approx(12.0 / 11.0)
+    draws = st.Draws(np.zeros((1, 1), int), np.array([[[1, 1]]]))
+    assert st.replicates(arm, draws)[0] == pytest.approx(2.0)
+
+
+def test_replicates_follow_the_hierarchy():
+    """Draw seeds [1, 1], instances [[0, 2], [2, 2]]: the mean of those four cells."""
+    values = np.array([[0.0, 0.0, 0.0], [1.0, 5.0, 7.0]])
+    draws = st.Draws(np.array([[1, 1]]), np.array([[[0, 2], [2, 2]]]))
+    assert st.replicates(st.ArmSample.of(values), draws)[0] == pytest.approx((1 + 7 + 7 + 7) / 4)
+
+
+def test_deterministic_under_a_fixed_rng():
+    a, b = shared_structure(5)
+    b = b + np.random.default_rng(2).normal(0, 0.2, b.shape)
+    arm_a, arm_b = st.ArmSample.of(a), st.ArmSample.of(b)
+    first = st.bootstrap_difference(arm_a, arm_b, 500, np.random.default_rng(7))
+    again = st.bootstrap_difference(arm_a, arm_b, 500, np.random.default_rng(7))
+    other = st.bootstrap_difference(arm_a, arm_b, 500, np.random.default_rng(8))
+    assert np.array_equal(first, again) and not np.array_equal(first, other)
+
+
+def test_chunked_replicates_equal_one_gather(monkeypatch):
+    a, _ = shared_structure(6)
+    arm = st.ArmSample.of(a)
+    draws = st.Draws.sample(SEEDS, INSTANCES, 50, np.random.default_rng(0))
+    whole = st.replicates(arm, draws)
+    monkeypatch.setattr(st, "_CHUNK_CELLS", SEEDS * INSTANCES * 3)
+    assert np.allclose(st.replicates(arm, draws), whole, rtol=1e-12, atol=0)
+
+
+def test_arms_that_claim_pairing_must_share_seeds_and_instances():
+    values = np.zeros((2, 3))
+    base = st.ArmSample.of(values, seeds=[0, 1], instances=["x", "y", "z"])
+    other_seeds = st.ArmSample.of(values, seeds=[0, 2], instances=["x", "y", "z"])
+    other_items = st.ArmSample.of(values, seeds=[0, 1], instances=["x", "y", "w"])
+    rng = np.random.default_rng(0)
+    with pytest.raises(st.PairingError, match=r"different training seeds \(\[0, 1\] vs \[0, 2\]\)"):
+        st.bootstrap_difference(base, other_seeds, 10, rng)
+    with pytest.raises(st.PairingError, match="different instances") as err:
+        st.bootstrap_difference(base, other_items, 10, rng)
+    assert "\n" not in str(err.value)
+    # unpaired, they compare
+    assert st.bootstrap_difference(base, other_seeds, 10, rng, paired=False).shape == (10,)
+
+
+def test_bad_samples_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="non-finite"):
+        st.ArmSample.of([[1.0, np.nan]])
+    with pytest.raises(ValueError, match="labels"):
+        st.ArmSample.of([[1.0, 2.0]], seeds=[0, 1])
+
+
+def test_arm_sample_from_a_tidy_frame_lines_instances_up():
+    rows = [{"seed": s, "task": t, "sample": i, "score": s + i, "w": 1.0}
+            for s in (1, 0) for t in ("b", "a") for i in (0, 1)]  # fmt: skip
+    arm = st.arm_sample(pd.DataFrame(rows), "score", "w", ["task", "sample"])
+    assert arm.seeds == (0, 1) and arm.instances == (("a", 0), ("a", 1), ("b", 0), ("b", 1))
+    assert arm.values.tolist() == [[0, 1, 0, 1], [1, 2, 1, 2]]
+    assert arm.per_seed() == {0: 0.5, 1: 1.5}
+    missing = pd.DataFrame(rows[:-1])
+    with pytest.raises(st.PairingError, match=r"seeds \[0\] lack some instances"):
+        st.arm_sample(missing, "score", "w", ["task", "sample"])
