@@ -1,0 +1,136 @@
+"""The out-of-distribution long-range mix (longctx.data.ood_tasks): no template, key word or value
+format shared with the suite's tasks, checked on generated text; answer masks; the synthesizer."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import numpy as np
+import pytest
+
+from longctx.data import ood_tasks
+from longctx.data.synthesize import synthesize
+from longctx.data.tokenizer import load_tokenizer
+
+TOKENIZER = load_tokenizer("byte")
+# the suite's value formats (RULER: 7-digit numbers and uuids; longctx's own tasks: 5 digits)
+SUITE_VALUES = (r"(?<![0-9])[0-9]{5}(?![0-9])", r"(?<![0-9])[0-9]{7}(?![0-9])",
+                r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # fmt: skip
+
+
+def enc(text: str) -> np.ndarray:
+    return np.asarray(TOKENIZER.encode(text), dtype=np.int64)
+
+
+def ood_document(name: str, index: int, length: int = 1024) -> tuple[str, np.ndarray, np.ndarray]:
+    """A document on a blank filler (spaces), so its text is the task's own."""
+    rng = random.Random(f"test/{name}/{index}")
+    tokens, mask = ood_tasks.document(name, rng, enc, length, lambda n: np.repeat(enc(" "), n))
+    return TOKENIZER.decode(tokens), tokens, mask
+
+
+@pytest.fixture(scope="module")
+def ood_texts() -> dict[str, list[str]]:
+    return {name: [ood_document(name, i)[0] for i in range(20)] for name in ood_tasks.TASKS}
+
+
+@pytest.fixture(scope="module")
+def suite_texts() -> list[str]:
+    """Every suite task that builds at 1024 tokens on the noise haystack, three samples each."""
+    from longctx.eval.ruler.generate import TASK_NAMES, make_instance
+    from longctx.eval.ruler.instances import RulerInputError
+
+    texts = []
+    for name in TASK_NAMES:
+        try:
+            texts += [TOKENIZER.decode(make_instance(name, TOKENIZER, 1024, 0.5, 0, s).tokens)
+                      for s in range(3)]  # fmt: skip
+        except RulerInputError:
+            continue  # a task that needs data this test does not hand it (qa)
+    assert len(texts) >= 3 * 5, "the suite built fewer than five tasks at 1024 tokens"
+    return texts
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z]+", text.lower())
+
+
+def trigrams(text: str) -> set[tuple[str, ...]]:
+    """Word trigrams (words of 3 letters or more: not the letters of hex values and uuids)."""
+    w = [x for x in words(text) if len(x) >= 3]
+    return set(zip(w, w[1:], w[2:], strict=False))
+
+
+def template_regex(template: str) -> str:
+    parts = re.split(r"\{\w+\}", template)
+    return r"\S+".join(re.escape(p) for p in parts)
+
+
+def test_no_template_is_shared(ood_texts, suite_texts):
+    for name, templates in ood_tasks.TEMPLATES.items():
+        for template in templates:
+            pattern = template_regex(template)
+            assert any(re.search(pattern, t) for t in ood_texts[name]), (name, template)
+            assert not any(re.search(pattern, t) for t in suite_texts), (name, template)
+    ours = set().union(*(trigrams(t) for texts in ood_texts.values() for t in texts))
+    theirs = set().union(*(trigrams(t) for t in suite_texts))
+    assert not ours & theirs, sorted(ours & theirs)[:5]
+
+
+def test_no_key_word_is_shared(ood_texts, suite_texts):
+    from longctx.eval.ruler import tasks as suite_tasks
+
+    vocabulary = {w for t in suite_texts for w in words(t)}
+    for value in vars(suite_tasks).values():  # every word list the suite draws keys from
+        if isinstance(value, tuple | list | frozenset) and len(value) > 50:
+            vocabulary |= {w.lower() for w in value if isinstance(w, str)}
+    assert "magic" in vocabulary or "special" in vocabulary  # the suite's words were read
+    for name, texts in ood_texts.items():
+        ours = {w for t in texts for w in words(t)}
+        keys = {w for w in ours if w.endswith("q")}
+        assert len(keys) >= 20, name  # the codes are there, and none is the suite's
+        assert not keys & vocabulary, (name, sorted(keys & vocabulary)[:5])
+
+
+def test_no_value_format_is_shared(ood_texts, suite_texts):
+    for name, pattern in ood_tasks.VALUE_FORMATS.items():
+        assert all(re.search(pattern, t) for t in ood_texts[name]), name
+        assert not any(re.search(pattern, t) for t in suite_texts), (name, pattern)
+    for pattern in SUITE_VALUES:
+        assert not any(re.search(pattern, t) for texts in ood_texts.values() for t in texts)
+
+
+@pytest.mark.parametrize("name", sorted(ood_tasks.TASKS))
+def test_answer_tokens_are_values_stated_earlier(name):
+    text, tokens, mask = ood_document(name, 0, length=600)
+    assert mask.any() and len(tokens) == len(mask)
+    starts = np.flatnonzero(mask & ~np.r_[False, mask[:-1]])
+    for start in starts:
+        stop = start + np.argmin(mask[start:]) if not mask[start:].all() else len(mask)
+        answer = TOKENIZER.decode(tokens[start:stop])
+        value = ("#" if name == "ood_ledger" else "") + answer.strip()  # '#' is the template's
+        assert re.fullmatch(ood_tasks.VALUE_FORMATS[name], value), answer
+        before = TOKENIZER.decode(tokens[:start])
+        assert answer.strip() in before  # retrievable: stated before it is asked
+    assert len(starts) >= 600 // ood_tasks.EVERY[name]
+
+
+def test_documents_are_about_the_length_asked():
+    for name in ood_tasks.TASKS:
+        assert abs(len(ood_document(name, 1, 2048)[1]) - 2048) <= 2048 // 10
+
+
+def test_synthesized_ood_folder_is_deterministic(tmp_path):
+    from longctx.data.shards import ShardSet
+
+    kwargs = dict(seed=3, documents=3, min_length=128, max_length=512, haystack="noise")
+    synthesize(",".join(ood_tasks.TASKS), tmp_path / "a", **kwargs)
+    synthesize(",".join(ood_tasks.TASKS), tmp_path / "b", **kwargs)
+    a, b = ShardSet(tmp_path / "a", "train"), ShardSet(tmp_path / "b", "train")
+    assert a.num_documents == 3 * len(ood_tasks.TASKS)
+    for i in range(a.num_documents):
+        assert np.array_equal(a.document(i), b.document(i))
+        assert len(a.document(i)) <= 512
+    texts = [TOKENIZER.decode(a.document(i)[:-1]) for i in range(4)]
+    assert "Entry " in texts[0] and "'s locker holds" in texts[1] and "Trail from" in texts[2]
