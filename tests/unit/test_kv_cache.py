@@ -118,3 +118,19 @@ def test_the_cache_refuses_what_it_cannot_hold():
     _, cache = short.prefill(PackedBatch.from_lengths(tokens, [[8]], True), capacity=12)
     with pytest.raises(ValueError, match="max_seq_len=8"):
         short.decode(tokens[:, :1], cache)
+
+
+def test_transformers_generate_writes_the_same_tokens_from_the_same_weights(tmp_path):
+    """The --hf path (transformers' own greedy generate on a saved folder) and longctx's KV-cache
+    decoding agree token for token on one model (fp32 RoPE angles, as transformers rounds them)."""
+    from transformers import AutoModelForCausalLM
+
+    from longctx.eval.ruler.hf import HFScorer
+    from longctx.hf.checkpoint import save_hf
+
+    model = make_model(n_kv_heads=2, exact_rope_angles=False).eval()
+    save_hf(model, tmp_path / "hf")
+    hf = HFScorer(AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32))
+    prompts = torch.randint(0, 97, (2, 25), generator=torch.Generator().manual_seed(4))
+    batch = PackedBatch.from_lengths(prompts, [[25], [25]], reset_position_ids=True)
+    assert hf.generate_from_batch(batch, 16) == greedy_generate_batch(model, prompts, 16)

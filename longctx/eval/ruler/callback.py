@@ -5,13 +5,23 @@ not the run's: every arm and training seed of a sweep is scored on the same inst
 differences are paired). A length beyond model.max_seq_len, an unknown task, a depth outside
 [0, 1], a length too short for a task and a missing haystack are refused there, before training.
 
-Logged: ``val/ruler/<task>/<length>`` (accuracy), ``val/ruler/mean/<length>`` (the suite score)
-and ``val/effective_length`` (0 when the model is below the threshold at every length; the rule
-is longctx.eval.ruler.scoring's). Written (rank 0): ``<out>/ruler_results.csv`` (one row per
-instance and step, appended: the input of the sweep report) and ``<out>/ruler_step<N>.json``;
-with a W&B logger, the cell table (task x length x depth with 95% CIs) as ``val/ruler_table``.
-``<out>`` defaults to the run folder's ``eval/``. Every rank scores (FSDP's collectives stay
-matched); rank 0 writes.
+Scoring: ``teacher_forced`` by default (one forward pass per batch: every answer token the argmax,
+a stricter lower bound of RULER's metric), ``generate`` for RULER's own (greedy generation from
+the KV cache, RULER's metric); see longctx.eval.ruler.scoring.
+
+At scale: the instances are dealt over the data-parallel replicas (each scores its share, the
+rows are gathered, in the instances' order, on every rank), and each instance runs under the
+run's context parallelism (its rows split over the replica's context-parallel group as the
+training step splits a batch). Every rank runs the same number of forward passes: a replica's
+share is padded (with its own instances, scored twice, the copy dropped) to the largest share of
+each batch shape, so FSDP's collectives stay matched.
+
+Logged: ``val/ruler/<task>/<length>`` (the task's score), ``val/ruler/mean/<length>`` (the suite
+score), ``val/effective_length`` (RULER's: 0 when no length passes) and, with the training length
+among the lengths, ``val/effective_length_relative`` (the relative rule anchored there). Written
+(rank 0): ``<out>/ruler_results.csv`` (one row per instance and step, appended: the input of the
+sweep report) and ``<out>/ruler_step<N>.json``; with a W&B logger, the cell table (task x length
+x depth with 95% CIs) as ``val/ruler_table``. ``<out>`` defaults to the run folder's ``eval/``.
 """
 
 from __future__ import annotations
@@ -20,14 +30,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
+import torch
 
+from longctx.distributed.context_parallel import data_parallel_rank_and_size
+from longctx.distributed.cp_balance import rank_unit
 from longctx.eval.files import append_rows, write_json
 from longctx.eval.long_documents import check_eval_length, check_factor, multiples
 from longctx.eval.ruler.generate import make_instances
-from longctx.eval.ruler.scoring import score_instances, summarize
+from longctx.eval.ruler.scoring import TEACHER_FORCED, check_mode, score_instances, summarize
 
 TABLE_KEY = "val/ruler_table"
-TABLE_COLUMNS = ["step", "task", "length", "depth", "n", "accuracy", "ci_low", "ci_high"]
+TABLE_COLUMNS = ["step", "task", "length", "depth", "n", "score", "ci_low", "ci_high"]
 
 
 def default_lengths(seq_len: int, factor: int = 1) -> list[int]:
@@ -48,8 +61,10 @@ class RulerEval(L.Callback):
         batch_size: int = 4,
         every_n_validations: int = 1,
         out_dir: str | None = None,
+        scoring: str = TEACHER_FORCED,
     ) -> None:
         check_factor(factor)
+        self.scoring = check_mode(scoring)
         if every_n_validations < 1:
             raise ValueError(f"every_n_validations={every_n_validations}; expected >= 1")
         self.tasks, self.lengths, self.factor = tasks, lengths, factor
@@ -57,6 +72,8 @@ class RulerEval(L.Callback):
         self.haystack, self.batch_size = haystack, batch_size
         self.every_n_validations, self.out_dir = every_n_validations, out_dir
         self.instances: list | None = None
+        self.tokenizer = None
+        self.anchor: int | None = None  # the training length, when evaluated
         self._validations = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -66,8 +83,10 @@ class RulerEval(L.Callback):
         lengths = list(self.lengths or default_lengths(dm.config.seq_len, self.factor))
         for n in lengths:
             check_eval_length(n, pl_module.model_config.max_seq_len, "RulerEval length")
+        self.tokenizer = load_tokenizer(dm.manifest.tokenizer)
+        self.anchor = dm.config.seq_len if dm.config.seq_len in lengths else None
         self.instances = make_instances(
-            load_tokenizer(dm.manifest.tokenizer), self.tasks, lengths, self.depths,
+            self.tokenizer, self.tasks, lengths, self.depths,
             self.samples, self.seed, self.haystack, dm.config.cache_dir,
         )  # fmt: skip
 
@@ -78,26 +97,40 @@ class RulerEval(L.Callback):
         if self._validations % self.every_n_validations:
             return
         results = self.score(trainer, pl_module)
-        report = summarize(results)
+        report = summarize(results, self.anchor)
         for row in report["lengths"]:
-            pl_module.log(f"val/ruler/{row['task']}/{row['length']}", row["accuracy"], batch_size=1)
+            pl_module.log(f"val/ruler/{row['task']}/{row['length']}", row["score"], batch_size=1)
         for row in report["suite"]:
-            pl_module.log(f"val/ruler/mean/{row['length']}", row["accuracy"], batch_size=1)
-        pl_module.log("val/effective_length", float(report["effective_length"] or 0), batch_size=1)
+            pl_module.log(f"val/ruler/mean/{row['length']}", row["score"], batch_size=1)
+        for rule, key in (
+            ("ruler", "val/effective_length"),
+            ("relative", "val/effective_length_relative"),
+        ):
+            if report["effective_length"][rule] is not None:
+                length = report["effective_length"][rule]["length"]
+                pl_module.log(key, float(length or 0), batch_size=1)
         if trainer.is_global_zero:
             self._write(trainer, results, report)
 
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[dict]:
+        """Every instance's row, in order, on every rank: each data-parallel replica scores
+        its share under the run's context parallelism; the rows are gathered."""
+        cp = getattr(pl_module, "context_parallel", 1)
+        dp_rank, dp_size = data_parallel_rank_and_size(trainer.global_rank, trainer.world_size, cp)
+        mine = replica_share(self.instances, dp_rank, dp_size)
         model = pl_module.model
         was_training = model.training
         model.eval()
         try:
-            return score_instances(
-                model, self.instances, self.batch_size, pl_module.device,
-                trainer.precision_plugin.forward_context,
+            rows = score_instances(
+                model, [self.instances[i] for i in mine], self.batch_size, pl_module.device,
+                trainer.precision_plugin.forward_context, scoring=self.scoring,
+                tokenizer=self.tokenizer, shard=pl_module.rank_shard if cp > 1 else None,
+                row_multiple=split_unit(pl_module),
             )  # fmt: skip
         finally:
             model.train(was_training)
+        return gather_rows(list(zip(mine, rows, strict=True)), len(self.instances), trainer)
 
     def _write(self, trainer: L.Trainer, results: list[dict], report: dict) -> None:
         from longctx.eval.callbacks import wandb_runs
@@ -120,3 +153,42 @@ class RulerEval(L.Callback):
                     {TABLE_KEY: wandb.Table(columns=TABLE_COLUMNS, data=data),
                      "trainer/global_step": step}
                 )  # fmt: skip
+
+
+def replica_share(instances: Sequence, rank: int, size: int) -> list[int]:
+    """Indices of data-parallel replica ``rank``'s instances: each batch shape's instances dealt
+    round-robin, every share padded to the largest one with repeats of its own (a replica that
+    has none of a shape gets a repeat of another replica's), so every replica runs the same
+    batches of the same shapes."""
+    shapes: dict[tuple, list[int]] = {}
+    for i, p in enumerate(instances):
+        shapes.setdefault((len(p.tokens), len(p.prompt), p.tokens_to_generate), []).append(i)
+    mine: list[int] = []
+    for group in shapes.values():
+        share = group[rank::size]
+        largest = -(-len(group) // size)
+        mine += share + (share or group)[:1] * (largest - len(share))
+    return mine
+
+
+def gather_rows(indexed: list[tuple[int, dict]], total: int, trainer: L.Trainer) -> list[dict]:
+    """The (index, row) pairs of every rank, one row per index (the copies of padding and of
+    the context-parallel ranks dropped), in index order."""
+    gathered = [indexed]
+    if trainer.world_size > 1:
+        gathered = [None] * trainer.world_size
+        torch.distributed.all_gather_object(gathered, indexed)
+    rows: dict[int, dict] = {}
+    for part in gathered:
+        rows.update(part)
+    if len(rows) != total:
+        raise RuntimeError(f"the ranks scored {len(rows)} of the {total} instances")
+    return [rows[i] for i in range(total)]
+
+
+def split_unit(pl_module: L.LightningModule) -> int:
+    """What a row must be a multiple of to be split over the run's context-parallel ranks."""
+    cp = getattr(pl_module, "context_parallel", 1)
+    if cp == 1:
+        return 1
+    return rank_unit(cp, pl_module.context_parallel_balance, pl_module.context_parallel_rounds)

@@ -2,9 +2,10 @@
 
 Every instance is one document in its own row, so the model's own attention (sdpa or eager,
 causal) is exactly what is wanted: no packing, no longctx attention. The scorer exposes the
-decoder's final hidden states and the lm head (with the family's logit scale), so logits are
-computed at the answer positions only. Argmax is what is scored: a final-logit soft-cap, being
-monotone, cannot change it.
+decoder's final hidden states and the lm head (with the family's logit scale), so teacher-forced
+logits are computed at the answer positions only (argmax is what is scored: a final-logit
+soft-cap, being monotone, cannot change it), and generation is transformers' own greedy
+``generate`` (``do_sample=False``, ``max_new_tokens`` = the task's tokens_to_generate).
 """
 
 from __future__ import annotations
@@ -41,12 +42,34 @@ class HFScorer(nn.Module):
         return weight if scale == 1.0 else weight * scale
 
     def hidden_states(self, batch: PackedBatch) -> Tensor:
-        if (batch.seq_lens[:, 1:] != 0).any():
-            raise ValueError("HFScorer scores rows of one document each (no packed segments)")
+        _check_one_document(batch)
         out = self.hf_model.get_decoder()(
             input_ids=batch.tokens, position_ids=batch.position_ids, use_cache=False
         )
         return out.last_hidden_state
+
+    @torch.no_grad()
+    def generate_from_batch(self, batch: PackedBatch, max_new_tokens: int) -> list[list[int]]:
+        """transformers' own greedy ``generate`` (no sampling, one beam) of ``max_new_tokens``
+        after each row's prompt, stopping at the model's EOS as transformers does; the new ids."""
+        _check_one_document(batch)
+        config = self.hf_model.generation_config
+        out = self.hf_model.generate(
+            input_ids=batch.tokens,
+            attention_mask=torch.ones_like(batch.tokens),
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=config.pad_token_id
+            if config.pad_token_id is not None
+            else config.eos_token_id,
+        )
+        return out[:, batch.tokens.shape[1] :].tolist()
+
+
+def _check_one_document(batch: PackedBatch) -> None:
+    if (batch.seq_lens[:, 1:] != 0).any():
+        raise ValueError("HFScorer scores rows of one document each (no packed segments)")
 
 
 def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float32"):
