@@ -22,6 +22,7 @@ from torch import nn
 from longctx.dtypes import dtype_named
 
 FORWARD_METHODS = ("loss", "token_loss")
+SHARDED_META_FILE = "meta.pt"  # Lightning's: a sharded checkpoint's non-tensor state
 
 
 def parse_dtype(name: str | None, device: torch.device, what: str) -> torch.dtype | None:
@@ -138,6 +139,43 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self.global_rank == 0:
             swap_into_place(tmp, final)
         self.barrier("longctx_fsdp_checkpoint_renamed")
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict:
+        """A sharded folder read as data (:func:`load_training_state`); a single-file
+        checkpoint as Lightning reads it (``trainer.fit(weights_only=True)``)."""
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if not path.is_dir():
+            return super().load_checkpoint(path, weights_only)
+        strict = self.lightning_module.strict_loading
+        return load_training_state(path, self.model, self.optimizers, strict)
+
+
+def load_training_state(folder: Path, module: nn.Module, optimizers, strict: bool) -> dict:
+    """What Lightning's ModelParallelStrategy.load_checkpoint does for a sharded folder, with the
+    folder read as data: torch's reader would unpickle its index, and its planner load non-tensor
+    items (optimizer param_groups), with plain pickle (longctx.runs.sharded). The module's and
+    optimizers' states are loaded in place; the rest (meta.pt, weights-only) is returned."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    from longctx.runs.sharded import load_sharded
+
+    model_state = {"state_dict": get_model_state_dict(module)}  # the keys Lightning saves
+    load_sharded(model_state, folder)
+    module.load_state_dict(model_state["state_dict"], strict=strict)
+    for i, optimizer in enumerate(optimizers):
+        key = f"optimizer_{i}"
+        optimizer_state = {key: get_optimizer_state_dict(module, optimizer)}
+        load_sharded(optimizer_state, folder)
+        options = StateDictOptions(cpu_offload=True)
+        set_optimizer_state_dict(
+            module, optimizer, optim_state_dict=optimizer_state[key], options=options
+        )
+    return torch.load(folder / SHARDED_META_FILE, weights_only=True)
 
 
 def swap_into_place(tmp: Path, final: Path) -> None:

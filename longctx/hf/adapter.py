@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.dtypes import dtype_named
+from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code, check_override_names
 from longctx.model.attention import (
     AttentionMetadata,
     attention,
@@ -270,22 +271,44 @@ def estimate_hf_flops(config, hf_model: nn.Module, seq_lens: Tensor) -> float:
 
 # ------------------------------------------------------------------------ loading
 def load_hf_config(path: str | Path, **config_overrides):
-    """AutoConfig of a local checkpoint folder; refuses families longctx cannot mask.
+    """AutoConfig of a local checkpoint folder (no code of its own: longctx.hf.folders);
+    refuses families longctx cannot mask.
 
     ``rope_theta`` and ``rope_scaling`` (or ``rope_parameters``) overrides are applied by
-    :func:`override_rope`, the others as AutoConfig keyword arguments.
+    :func:`override_rope`, the others by :func:`override_fields`; none reaches AutoConfig, so
+    none can be a loader option.
     """
     from transformers import AutoConfig
 
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"model.path={str(path)!r} is not a folder with a config.json")
+    check_no_remote_code(folder)
+    check_override_names(config_overrides)
     rope = {k: config_overrides.pop(k) for k in ROPE_OVERRIDES if k in config_overrides}
-    config = AutoConfig.from_pretrained(folder, local_files_only=True, **config_overrides)
+    config = AutoConfig.from_pretrained(folder, **LOCAL_ONLY)
+    override_fields(config, config_overrides)
     if rope:
         override_rope(config, **rope)
     check_supported(config)
     return config
+
+
+def override_fields(config, overrides: dict) -> None:
+    """Set config fields as AutoConfig's keyword arguments would (a dict merges into a nested
+    config), refusing a name the config does not have (AutoConfig would ignore it silently)."""
+    from transformers import PretrainedConfig
+
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise ValueError(
+                f"model.config_overrides.{key} is not a field of {type(config).__name__}; "
+                "expected one of its config.json fields"
+            )
+        current = getattr(config, key)
+        if isinstance(current, PretrainedConfig) and isinstance(value, dict):
+            value = type(current)(**{**current.to_dict(), **value})
+        setattr(config, key, value)
 
 
 ROPE_OVERRIDES = ("rope_theta", "rope_scaling", "rope_parameters")
@@ -338,9 +361,9 @@ def load_hf_causal_lm(
     hf_model = AutoModelForCausalLM.from_pretrained(
         path,
         config=config,
-        local_files_only=True,
         attn_implementation=ATTN_IMPLEMENTATION,
         dtype=torch_dtype,
+        **LOCAL_ONLY,
     )
     return HFCausalLM(hf_model, attn_backend, loss_chunk_size, activation_checkpointing)
 
@@ -395,7 +418,7 @@ class HFModelSpec:
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.hf_config)
+            model = AutoModelForCausalLM.from_config(self.hf_config, trust_remote_code=False)
         return sum(p.numel() for p in model.parameters())
 
     def check_seq_len(self, seq_len: int) -> None:

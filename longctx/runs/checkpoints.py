@@ -13,6 +13,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from longctx.io import atomic_file
 from longctx.runs.folder import checkpoint_dir, last_checkpoint
+from longctx.runs.sharded import UnreadableShardedCheckpoint, read_dcp_metadata
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
@@ -27,6 +28,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
         atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(self, path, *args, **kwargs) -> dict:
+        """A single-file checkpoint; a sharded folder only FSDP2Strategy reads (it does not
+        call this), so on another strategy it is refused in one line."""
+        if Path(path).is_dir():
+            raise ValueError(
+                f"ckpt_path={path} is a sharded checkpoint folder (written by trainer=fsdp), "
+                "which this trainer cannot load; resume it with trainer=fsdp (any number of "
+                "devices), or start a new stage from its weights with model.init_from="
+                f"{path}"
+            )
+        return super().load_checkpoint(path, *args, **kwargs)
 
 
 def existing_checkpoint(path: Path) -> Path | None:
@@ -45,8 +58,14 @@ class UnreadableCheckpoint(ValueError):
 def read_checkpoint(path: str | os.PathLike) -> dict:
     """A checkpoint's contents, memory-mapped (tensors are not read) and weights-only: a
     checkpoint is data, and a crafted pickle in one must never run code. A sharded (FSDP)
-    checkpoint folder gives its ``meta.pt``: everything but the tensors."""
+    checkpoint folder gives its ``meta.pt``: everything but the tensors; its index is checked
+    to be plain distributed-checkpoint metadata first (longctx.runs.sharded)."""
     path = Path(path)
+    if path.is_dir():
+        try:
+            read_dcp_metadata(path)  # an UnsafeShardedCheckpoint (a ValueError) passes through
+        except UnreadableShardedCheckpoint as err:
+            raise UnreadableCheckpoint(str(err)) from err
     file = path / "meta.pt" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"no checkpoint at {file}")

@@ -24,10 +24,19 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from longctx.hf.checkpoint import CONFIG_FILE, _check_supported, config_from_hf, to_hf_name
 from longctx.model.config import LlamaConfig
 from longctx.runs.folder import is_run_folder, last_checkpoint
+from longctx.runs.sharded import (
+    METADATA_FILE,
+    SafeLoadPlanner,
+    UnreadableShardedCheckpoint,
+    UnsafeShardedCheckpoint,
+    load_sharded,
+    read_dcp_metadata,
+)
 
 # fields that fix the tensors' shapes or the function the weights compute
 ARCHITECTURE_FIELDS = (
@@ -40,7 +49,6 @@ ARCHITECTURE_FIELDS = (
     "tie_embeddings",
     "norm_eps",
 )
-DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index file in a sharded folder
 LONGCTX_PREFIX = "model."  # LongCtxModule.model's parameters in a Lightning state_dict
 LLAMA_MODULES = {"tok_embeddings", "layers", "norm", "output"}  # Llama's top-level children
 
@@ -85,10 +93,8 @@ class WeightSource:
         if self.kind == "transformers":
             _dcp_load({to_hf_name(k): v for k, v in state.items()}, _hf_reader(self.path))
         elif self.kind == "longctx-sharded":
-            from torch.distributed.checkpoint import FileSystemReader
-
             nested = {"state_dict": {LONGCTX_PREFIX + k: v for k, v in state.items()}}
-            _dcp_load(nested, FileSystemReader(str(self.path)))
+            load_sharded(nested, self.path)  # its index and items read as data
         else:
             _copy_slices(state, read_longctx_checkpoint(self.path))
 
@@ -106,7 +112,7 @@ def resolve(path: str | Path) -> WeightSource:
         return _transformers_source(p)
     if is_run_folder(p):
         return resolve(_run_checkpoint(p))
-    if p.is_dir() and (p / DCP_METADATA).is_file():
+    if p.is_dir() and (p / METADATA_FILE).is_file():
         return WeightSource(p, "longctx-sharded", _sharded_shapes(p))
     if p.is_file():
         return WeightSource(
@@ -189,11 +195,16 @@ def _other_checkpoints(path: Path) -> str:
 
 
 def _sharded_shapes(path: Path) -> dict[str, torch.Size]:
-    from torch.distributed.checkpoint import FileSystemReader
-
-    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    try:
+        metadata = read_dcp_metadata(path).state_dict_metadata  # data: a restricted unpickler
+    except (UnsafeShardedCheckpoint, UnreadableShardedCheckpoint) as err:
+        raise InitFromError(f"model.init_from={str(path)!r}: {err}") from err
     prefix = "state_dict."
-    tensors = {k.removeprefix(prefix): m.size for k, m in metadata.items() if k.startswith(prefix)}
+    tensors = {
+        k.removeprefix(prefix): m.size
+        for k, m in metadata.items()
+        if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
+    }
     return {k: torch.Size(v) for k, v in _strip_prefix(tensors, path).items()}
 
 
@@ -264,10 +275,11 @@ def _hf_reader(path: Path):
 
 def _dcp_load(state: dict, reader) -> None:
     """torch.distributed.checkpoint.load: each rank reads the slices its (sharded) tensors
-    hold; without a process group, a plain load. The dtype is the model's (copied into)."""
+    hold; without a process group, a plain load. The dtype is the model's (copied into).
+    Safetensors hold tensors only; the planner is the one that never unpickles anyway."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(state, storage_reader=reader)
+    dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
 
 
 def _copy_slices(state: dict[str, Tensor], source: dict[str, Tensor]) -> None:

@@ -1,0 +1,90 @@
+"""Local transformers folders, read as data: never code, never a loader option from a file.
+
+transformers runs a folder's own Python when its ``config.json`` (or ``tokenizer_config.json``)
+has an ``auto_map`` and ``trust_remote_code`` is true (and, left unset, asks on a terminal).
+So every transformers call longctx makes on a folder (``model=hf``, the probe, eval ``--hf``,
+verify) first passes :func:`check_no_remote_code`, which refuses such a folder in one line before
+transformers sees it, and then passes :data:`LOCAL_ONLY` explicitly.
+
+A *loader option* (:data:`LOADER_OPTIONS`) is a keyword of ``from_pretrained`` that decides whose
+code runs, where files come from, or how they are fetched. It is longctx's to set, never a
+stored run record's or ``model.config_overrides``'s: an override is a field of the model's
+config (``max_position_embeddings``, ``sliding_window``, RoPE settings), nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CONFIG_FILE = "config.json"
+# the files whose auto_map makes transformers import the folder's own modules
+CODE_MAP_FILES = (CONFIG_FILE, "tokenizer_config.json")
+# every from_pretrained / from_config call longctx makes passes these
+LOCAL_ONLY = {"trust_remote_code": False, "local_files_only": True}
+LOADER_OPTIONS = frozenset(
+    {
+        "trust_remote_code", "code_revision", "revision", "token", "use_auth_token",
+        "cache_dir", "force_download", "resume_download", "local_files_only", "subfolder",
+        "proxies", "mirror", "user_agent", "from_pipeline", "from_auto", "gguf_file",
+        "return_unused_kwargs", "pretrained_model_name_or_path", "name_or_path", "config",
+        "state_dict", "device_map", "max_memory", "offload_folder", "quantization_config",
+        "variant", "use_safetensors", "weights_only", "key_mapping", "tp_plan", "adapter_name",
+    }
+)  # fmt: skip
+# config keywords longctx sets from its own options, not from an override
+LONGCTX_OPTIONS = {
+    "dtype": "model.dtype",
+    "torch_dtype": "model.dtype",
+    "attn_implementation": "model.attn_backend",
+    "experts_implementation": "model.attn_backend",
+}
+
+
+class RemoteCodeRefused(ValueError):
+    """A folder that ships model or tokenizer code of its own."""
+
+
+def read_config_json(folder: Path, name: str = CONFIG_FILE) -> dict:
+    """A folder's JSON file as a dict; one line naming it when it is not a JSON object."""
+    path = folder / name
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path} cannot be read as JSON ({err}); expected a transformers "
+                         f"{name}") from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a {type(data).__name__}; expected a JSON object")
+    return data
+
+
+def check_no_remote_code(folder: str | Path) -> None:
+    """Refuse a folder whose config.json or tokenizer_config.json has an ``auto_map``: code of
+    its own, which longctx never runs. Call before any transformers call on the folder."""
+    folder = Path(folder)
+    for name in CODE_MAP_FILES:
+        if not (folder / name).is_file():
+            continue
+        auto_map = read_config_json(folder, name).get("auto_map")
+        if auto_map:
+            classes = sorted(auto_map) if isinstance(auto_map, dict) else auto_map
+            raise RemoteCodeRefused(
+                f"{folder} is refused: its {name} has auto_map ({classes}), code of its own "
+                "that longctx never runs; use a folder of an architecture transformers ships "
+                "(save_pretrained of a built-in class)"
+            )
+
+
+def check_override_names(overrides: dict, where: str = "model.config_overrides") -> None:
+    """Refuse an override that is a loader option, longctx's own option, or a private key."""
+    for key in overrides:
+        if not isinstance(key, str) or key.startswith("_") or key in LOADER_OPTIONS:
+            raise ValueError(
+                f"{where}.{key} is a loader option or private key, not a model config field; "
+                "longctx loads local folders only, without their code (a stored or given "
+                "config sets no loader option)"
+            )
+        if key in LONGCTX_OPTIONS:
+            raise ValueError(
+                f"{where}.{key} is set by longctx from {LONGCTX_OPTIONS[key]}; set that instead"
+            )

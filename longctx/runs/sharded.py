@@ -1,0 +1,213 @@
+"""Sharded (torch.distributed.checkpoint) folders, read as data.
+
+A sharded folder's index, ``.metadata``, is a pickle, and torch's ``FileSystemReader`` loads it
+with ``pickle.load``; its ``DefaultLoadPlanner`` loads every non-tensor item (an optimizer's
+``param_groups``, a step count) with ``torch.load(weights_only=False)``. Either would run the code
+a crafted folder names. So every sharded folder longctx reads (``model.init_from``, export,
+verify, eval, a resume under ``trainer=fsdp``) goes through this module:
+
+- :func:`read_dcp_metadata` unpickles ``.metadata`` admitting only the globals a
+  distributed-checkpoint index holds (:data:`ALLOWED_GLOBALS`: its metadata classes,
+  ``torch.Size``, dtypes, layouts and memory formats, a ``pathlib`` path), the way
+  ``weights_only`` admits only tensors, and checks what it got: a ``Metadata`` whose storage
+  entries name files inside the folder;
+- :class:`SafeFileSystemReader` reads metadata that way, and :class:`SafeLoadPlanner` loads
+  non-tensor items with ``weights_only=True``; :func:`load_sharded` is ``dcp.load`` with both.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorStorageMetadata,
+)
+
+METADATA_FILE = ".metadata"  # torch.distributed.checkpoint's index file in a sharded folder
+
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+# (module, name) of every global a distributed-checkpoint index may reference: what torch 2.13's
+# dcp.save pickles (checked against real FSDP2 saves in tests/unit/test_files_are_data.py).
+# Each is a plain dataclass, an enum, a tuple subclass or a constant: calling one with any
+# arguments builds a value and runs nothing else.
+ALLOWED_GLOBALS = frozenset(
+    {
+        (_METADATA_MODULE, "Metadata"),
+        (_METADATA_MODULE, "StorageMeta"),
+        (_METADATA_MODULE, "TensorStorageMetadata"),
+        (_METADATA_MODULE, "BytesStorageMetadata"),
+        (_METADATA_MODULE, "ChunkStorageMetadata"),
+        (_METADATA_MODULE, "TensorProperties"),
+        (_METADATA_MODULE, "MetadataIndex"),
+        (_METADATA_MODULE, "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),  # a layout by name, from a fixed table
+        ("torch", "Size"),
+        # StorageMeta.checkpoint_id when dcp.save was given a Path (the module moved in 3.13)
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib._local", "PosixPath"),
+        ("pathlib._local", "PurePosixPath"),
+    }
+)
+# torch constants referenced by name: every dtype, layout and memory format
+_TORCH_CONSTANT_TYPES = (torch.dtype, torch.layout, torch.memory_format)
+
+
+class UnsafeShardedCheckpoint(ValueError):
+    """A sharded checkpoint folder whose index is not plain distributed-checkpoint metadata."""
+
+
+class UnreadableShardedCheckpoint(ValueError):
+    """A sharded checkpoint folder whose index or data is missing, empty or truncated."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """pickle.Unpickler that resolves only :data:`ALLOWED_GLOBALS` and torch constants."""
+
+    def __init__(self, file, folder: Path) -> None:
+        super().__init__(file)
+        self.folder = folder
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), _TORCH_CONSTANT_TYPES):
+            return getattr(torch, name)
+        raise UnsafeShardedCheckpoint(
+            f"sharded checkpoint {self.folder} is refused: its {METADATA_FILE} names "
+            f"{module}.{name}, which is not distributed-checkpoint metadata (unpickling it could "
+            "run code); pass a checkpoint folder written by longctx (torch.distributed.checkpoint)"
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafeShardedCheckpoint(
+            f"sharded checkpoint {self.folder} is refused: its {METADATA_FILE} holds a "
+            "persistent id, which distributed-checkpoint metadata never does"
+        )
+
+
+def read_dcp_metadata(folder: str | os.PathLike, name: str = METADATA_FILE) -> Metadata:
+    """The index of the sharded folder, unpickled as data and checked (see the module
+    docstring); an UnsafeShardedCheckpoint, one line naming the folder, otherwise."""
+    folder = Path(folder)
+    path = folder / name
+    if not path.is_file():
+        raise UnreadableShardedCheckpoint(
+            f"sharded checkpoint {folder} has no {name} (a write that never finished?); "
+            "expected a folder written by torch.distributed.checkpoint"
+        )
+    try:
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f, folder).load()
+    except UnsafeShardedCheckpoint:
+        raise
+    except Exception as err:  # empty, truncated, not a pickle, a class given wrong arguments
+        raise UnreadableShardedCheckpoint(
+            f"sharded checkpoint {folder}: {name} cannot be read as distributed-checkpoint "
+            f"metadata ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+        ) from None
+    _check_metadata(metadata, folder)
+    return metadata
+
+
+def _check_metadata(metadata: Any, folder: Path) -> None:
+    """What the unpickler built is a Metadata whose entries are what dcp.load expects, and
+    whose storage entries name files inside ``folder``."""
+
+    def refuse(what: str) -> UnsafeShardedCheckpoint:
+        return UnsafeShardedCheckpoint(
+            f"sharded checkpoint {folder} is refused: its {METADATA_FILE} {what}; pass a "
+            "checkpoint folder written by longctx (torch.distributed.checkpoint)"
+        )
+
+    if not isinstance(metadata, Metadata):
+        raise refuse(f"holds a {type(metadata).__name__}, not a Metadata")
+    entries = metadata.state_dict_metadata
+    kinds = (TensorStorageMetadata, BytesStorageMetadata)
+    if not isinstance(entries, dict) or not all(
+        isinstance(k, str) and isinstance(v, kinds) for k, v in entries.items()
+    ):
+        raise refuse("has state_dict_metadata that is not names -> tensor or bytes entries")
+    storage = metadata.storage_data
+    if not isinstance(storage, dict):
+        raise refuse(f"has storage_data of type {type(storage).__name__}")
+    for index, info in storage.items():
+        relative = getattr(info, "relative_path", None)
+        if not isinstance(index, MetadataIndex) or not isinstance(relative, str):
+            raise refuse("has a storage entry that is not (MetadataIndex, _StorageInfo)")
+        parts = PurePosixPath(relative).parts
+        if not parts or relative.startswith(("/", "\\")) or ".." in parts or "\\" in relative:
+            raise refuse(f"points a tensor at {relative!r}, outside the folder")
+    if metadata.storage_meta is not None and not isinstance(metadata.storage_meta, StorageMeta):
+        raise refuse(f"has storage_meta of type {type(metadata.storage_meta).__name__}")
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """torch's FileSystemReader with the index read by :func:`read_dcp_metadata`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self._get_metadata_path(kwargs.get("rank")))
+        metadata = read_dcp_metadata(path.parent, path.name)
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id  # as FileSystemReader.read_metadata does
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner whose non-tensor items are loaded weights-only (torch's own uses
+    ``torch.load(weights_only=False)``)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element  # as torch's own
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def load_sharded(state: dict, folder: str | os.PathLike) -> None:
+    """``torch.distributed.checkpoint.load`` of ``state`` from ``folder``, in place, read as
+    data: each rank reads the slices its (sharded) tensors hold; without a process group, a
+    plain load. A failure is one line naming the folder (torch's CheckpointException is a
+    BaseException holding each rank's traceback)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner())
+    except CheckpointException as err:
+        raise _first_failure(err, Path(folder)) from None
+
+
+def _first_failure(err, folder: Path) -> Exception:
+    """The first rank's exception: ours as it is, any other as a one-line ValueError."""
+    cause = next(iter(err.failures.values()))[0]
+    if isinstance(cause, UnsafeShardedCheckpoint | UnreadableShardedCheckpoint):
+        return cause
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    # a refused non-tensor item: torch's weights-only message says which global in one line
+    refusal = [line for line in lines if "GLOBAL" in line]
+    if isinstance(cause, pickle.UnpicklingError) and refusal:
+        return UnsafeShardedCheckpoint(
+            f"sharded checkpoint {folder} is refused: a non-tensor item is not weights-only data "
+            f"({refusal[0][:200]}); pass a checkpoint folder written by longctx"
+        )
+    return UnreadableShardedCheckpoint(
+        f"sharded checkpoint {folder} cannot be loaded ({type(cause).__name__}: "
+        f"{(lines[0] if lines else '')[:300]})"
+    )
