@@ -33,7 +33,7 @@ from longctx.cli import bar, command
 from longctx.data.tokenizer import ByteTokenizer
 from longctx.hf.export_tokenizer import write_byte_tokenizer, write_user_tokenizer
 from longctx.hf.lengths import max_positions, trained_length
-from longctx.hf.run_model import EXPORT_RECORD, llama_config, read_model
+from longctx.hf.run_model import EXPORT_RECORD, llama_config, read_model, weights_source
 from longctx.hf.verify import add_verify_options, verify
 from longctx.io import make_readable
 from longctx.model import Llama, LlamaConfig
@@ -65,6 +65,7 @@ def export(
         raise FileExistsError(f"--out {out} exists and is not empty; expected a new folder")
     stored = read_stored_run(checkpoint)  # the record of the config that trained the weights
     config, data = llama_config(stored), stored.data_config()
+    weights_source(stored.checkpoint, config)  # shapes agree, before anything is allocated
     if tokenizer is None and config.vocab_size < ByteTokenizer.vocab_size:
         raise ValueError(
             f"the byte tokenizer's {ByteTokenizer.vocab_size} ids do not fit the model's "

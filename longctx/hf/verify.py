@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from longctx.cli import command, interactive
+from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code
 
 TASK_NAME = "longctx_heldout"
 TASK_FOLDER = "lm_eval"
@@ -170,7 +171,7 @@ def run_lm_eval(folder: Path, task_dir: Path, prefix_token_id: int | None = None
     prefix = "" if prefix_token_id is None else f",prefix_token_id={prefix_token_id}"
     results = lm_eval.simple_evaluate(
         model="hf",
-        model_args=f"pretrained={folder},dtype=float32" + prefix,
+        model_args=f"pretrained={folder},dtype=float32,trust_remote_code=False" + prefix,
         tasks=[TASK_NAME],
         task_manager=TaskManager(include_path=str(task_dir)),
         batch_size=1,
@@ -199,23 +200,20 @@ def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> 
     """Check the export at ``folder``; see the module docstring. Prints what it measured."""
     import transformers
 
-    from longctx.hf.run_model import EXPORT_RECORD, llama_config, read_model
+    from longctx.hf.run_model import llama_config, read_export_record, read_model
     from longctx.runs.record import read_stored_run
 
     folder = Path(folder)
+    record = read_export_record(folder)
+    check_no_remote_code(folder)  # before transformers reads anything of it
     if not interactive():  # transformers' loading bars, as longctx's own, only on a terminal
         transformers.utils.logging.disable_progress_bar()
-    record_path = folder / EXPORT_RECORD
-    if not record_path.is_file():
-        raise FileNotFoundError(
-            f"{folder} has no {EXPORT_RECORD}; expected a folder written by longctx.hf.export"
-        )
-    record = json.loads(record_path.read_text())
-    checkpoint = Path(record["checkpoint"])
-    stored = read_stored_run(checkpoint)
+    stored = read_stored_run(record.checkpoint)
     ours = read_model(stored.checkpoint, llama_config(stored))
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    held = heldout_documents(stored.data_config(), documents, record["max_position_embeddings"] - 1)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, **LOCAL_ONLY
+    )
+    held = heldout_documents(stored.data_config(), documents, record.max_position_embeddings - 1)
     diff, scale = logit_difference(ours, theirs.eval(), held.ids)
     print(
         f"logits on {len(held.ids)} held-out documents: max |diff| {diff:.3g} ({diff / scale:.3g} of max |logit| {scale:.3g})"
@@ -226,7 +224,7 @@ def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> 
             f"tolerance {tolerance:g} x max |logit| = {tolerance * scale:.3g}); the export does "
             "not compute the trained model"
         )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **LOCAL_ONLY)
     prefix = (
         tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     )

@@ -79,6 +79,7 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
 
     from longctx.data.tokenizer import HFTokenizer
     from longctx.dtypes import dtype_named
+    from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code
 
     folder = Path(folder)
     if not (folder / "config.json").is_file():
@@ -86,10 +87,11 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
             f"--hf folder has no config.json ({folder}); expected a transformers model folder "
             "(save_pretrained, or python -m longctx.hf.export)"
         )
+    check_no_remote_code(folder)  # before transformers reads anything of it
     raw = json.loads((folder / "config.json").read_text())
     name = f"{', '.join(raw.get('architectures') or ['?'])} (model_type={raw.get('model_type')!r})"
     try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        config = AutoConfig.from_pretrained(folder, **LOCAL_ONLY)
     except (ValueError, KeyError) as err:
         raise RulerInputError(
             f"--hf architecture cannot be scored ({name}): this transformers does not know it "
@@ -100,9 +102,7 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
             f"--hf architecture cannot be scored ({name}): transformers has no causal LM for it; "
             "expected a *ForCausalLM folder"
         )
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, local_files_only=True, dtype=dtype_named(dtype)
-    )
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype_named(dtype), **LOCAL_ONLY)
     tokenizer = HFTokenizer(folder)
     max_positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     return HFScorer(model).to(device).eval(), tokenizer, max_positions
