@@ -1,17 +1,19 @@
-"""The out-of-distribution long-range mix (longctx.data.ood_tasks): no template, key word or value
+"""The out-of-distribution long-range mix (longctx.synthetic.ood): no template, key word or value
 format shared with the suite's tasks, checked on generated text; answer masks; the synthesizer."""
 
 from __future__ import annotations
 
 import random
 import re
+from itertools import repeat
 
 import numpy as np
 import pytest
 
-from longctx.data import ood_tasks
 from longctx.data.synthesize import synthesize
 from longctx.data.tokenizer import load_tokenizer
+from longctx.synthetic import ood as ood_tasks
+from longctx.synthetic.pieces import Encoder
 
 TOKENIZER = load_tokenizer("byte")
 # the suite's value formats (RULER: 7-digit numbers and uuids; longctx's own tasks: 5 digits)
@@ -24,9 +26,9 @@ def enc(text: str) -> np.ndarray:
 
 
 def ood_document(name: str, index: int, length: int = 1024) -> tuple[str, np.ndarray, np.ndarray]:
-    """A document on a blank filler (spaces), so its text is the task's own."""
+    """A document on a blank haystack (spaces), so its text is the task's own."""
     rng = random.Random(f"test/{name}/{index}")
-    tokens, mask = ood_tasks.document(name, rng, enc, length, lambda n: np.repeat(enc(" "), n))
+    tokens, mask = ood_tasks.document(name, rng, Encoder(TOKENIZER), length, repeat(enc(" ")))
     return TOKENIZER.decode(tokens), tokens, mask
 
 
@@ -37,18 +39,26 @@ def ood_texts() -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def suite_texts() -> list[str]:
-    """Every suite task that builds at 1024 tokens on the noise haystack, three samples each."""
-    from longctx.eval.ruler.generate import TASK_NAMES, make_instance
-    from longctx.eval.ruler.instances import RulerInputError
+    """Every suite task but the QA ones (RULER's 13 and the lc_* formats, on the noise
+    haystack), three instances each: prompt and answer."""
+    from longctx.synthetic import DoesNotFit, NoiseHaystack
+    from longctx.synthetic.tasks import TASKS, lay_out
 
     texts = []
-    for name in TASK_NAMES:
-        try:
-            texts += [TOKENIZER.decode(make_instance(name, TOKENIZER, 1024, 0.5, 0, s).tokens)
-                      for s in range(3)]  # fmt: skip
-        except RulerInputError:
-            continue  # a task that needs data this test does not hand it (qa)
-    assert len(texts) >= 3 * 5, "the suite built fewer than five tasks at 1024 tokens"
+    for name, task in TASKS.items():
+        if task.reads == "qa":
+            continue  # questions about a --qa-data folder's documents: no key or value format
+        haystack = NoiseHaystack() if task.reads == "haystack" else None
+        for sample in range(3):
+            rng = random.Random(f"test/suite/{name}/{sample}")
+            for length in (1024, 4096, 16384):  # the shortest it fits (cwe needs more bytes)
+                try:
+                    layout, laid = lay_out(task, Encoder(TOKENIZER), length, 0.5, rng, haystack)
+                    break
+                except DoesNotFit:
+                    continue
+            texts.append(TOKENIZER.decode(np.concatenate([laid.prompt, layout.answer])))
+    assert len(texts) >= 3 * 13
     return texts
 
 
@@ -79,13 +89,13 @@ def test_no_template_is_shared(ood_texts, suite_texts):
 
 
 def test_no_key_word_is_shared(ood_texts, suite_texts):
-    from longctx.eval.ruler import tasks as suite_tasks
+    from longctx.synthetic import legacy
+    from longctx.synthetic.words import common_words
 
     vocabulary = {w for t in suite_texts for w in words(t)}
-    for value in vars(suite_tasks).values():  # every word list the suite draws keys from
-        if isinstance(value, tuple | list | frozenset) and len(value) > 50:
-            vocabulary |= {w.lower() for w in value if isinstance(w, str)}
-    assert "magic" in vocabulary or "special" in vocabulary  # the suite's words were read
+    # every list the suite draws keys and words from (RULER's wonderwords lists, lc_*'s words)
+    vocabulary |= {w for item in (*common_words(), *legacy.WORDS) for w in words(item)}
+    assert {"special", "magic", "quiet", "river"} <= vocabulary and len(vocabulary) > 1000
     for name, texts in ood_texts.items():
         ours = {w for t in texts for w in words(t)}
         keys = {w for w in ours if w.endswith("q")}

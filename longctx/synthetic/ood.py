@@ -8,8 +8,8 @@ generated text):
 
 - ``ood_ledger``: "Entry Kavoretiq -> #3fa9c2." ... later "Lookup Kavoretiq -> #3fa9c2." (keys:
   consonant-vowel syllable codes; values: six hex digits after '#');
-- ``ood_locker``: "Mesuladoq's locker holds 4821." ... "Open Mesuladoq's locker: 4821." (names:
-  syllable codes; values: 4-digit numbers);
+- ``ood_locker``: "Mesuladoq's locker holds 482133." ... "Open Mesuladoq's locker: 482133." (names:
+  syllable codes; values: 6-digit numbers);
 - ``ood_relay``: a chain in its own syntax, "Node Rupiq links to Tavoq." ... "Node Tavoq stores
   QXT/ZRM." ... "Trail from Rupiq: QXT/ZRM." (three hops; values: two 3-letter capital codes);
 - ``ood_echo``: "Memorize: tavoq mekiq rasuq lopeq." ... "Recite: tavoq mekiq rasuq lopeq." (a span of
@@ -17,17 +17,20 @@ generated text):
 
 The value tokens of every query (the part only retrieval predicts) are the document's *answer
 tokens*: :func:`document` returns their mask, which the held-out answer loss
-(:mod:`longctx.eval.answer_loss`) scores. Events are placed between filler tokens the caller
-draws (the synthesizer: the embedded corpus's training chapters).
+(:mod:`longctx.eval.answer_loss`) scores. Events are placed between the sentences of a haystack
+(the synthesizer's: the embedded corpus's training chapters).
 """
 
 from __future__ import annotations
 
 import random
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
+
+from longctx.synthetic.layout import Layout, assemble
+from longctx.synthetic.pieces import Encoder, cat
 
 # consonant-vowel syllables: codes like "Kavoretiq" (4 syllables: 12^4 x 5^4 = 13 M of them)
 _CONSONANTS, _VOWELS = "bdfgklmnprtv", "aeiou"
@@ -47,8 +50,8 @@ TEMPLATES = {
 # a value format per task (regular expressions; the test checks the suite has none of them)
 VALUE_FORMATS = {
     "ood_ledger": r"#[0-9a-f]{6}",
-    # not a group of a uuid or a longer number: four digits on their own
-    "ood_locker": r"(?<![0-9A-Za-z-])[0-9]{4}(?![0-9A-Za-z-])",
+    # six digits on their own (the suite: 5 and 7 digits, uuids, list numbers up to 5 digits)
+    "ood_locker": r"(?<![0-9A-Za-z-])[0-9]{6}(?![0-9A-Za-z-])",
     "ood_relay": r"[A-Z]{3}/[A-Z]{3}",
     "ood_echo": r"(?:[bdfgklmnprtv][aeiou]){2}q(?: (?:[bdfgklmnprtv][aeiou]){2}q){3}",
 }
@@ -105,7 +108,7 @@ def ledger(rng: random.Random, length: int) -> list[Event]:
 def locker(rng: random.Random, length: int) -> list[Event]:
     events = []
     for name in codes(rng, _count("ood_locker", length)):
-        value, at = "".join(rng.choice(string.digits) for _ in range(4)), rng.random()
+        value, at = "".join(rng.choice(string.digits) for _ in range(6)), rng.random()
         events.append((at, [(f" {name}'s locker holds", False), *_value(f" {value}", False)]))
         events.append((_later(rng, at), [(f" Open {name}'s locker:", False), *_value(f" {value}")]))
     return events
@@ -155,26 +158,29 @@ TASKS: dict[str, Callable[[random.Random, int], list[Event]]] = {
 
 
 # --------------------------------------------------------------------------- documents
+def layout(name: str, rng: random.Random, enc: Encoder, length: int) -> tuple[Layout, np.ndarray]:
+    """The task's events as a :class:`Layout` (one insert per event, every part encoded alone,
+    so a value's tokens in a query equal its tokens where it was stated), and per insert token
+    whether it is an answer token (the inserts' tokens concatenated)."""
+    inserts, answer = [], []
+    for at, event in TASKS[name](rng, length):
+        pieces = [(enc(text), is_answer) for text, is_answer in event]
+        inserts.append((at, cat(*(p for p, _ in pieces))))
+        answer += [np.full(len(p), is_answer) for p, is_answer in pieces]
+    return Layout(inserts=inserts), np.concatenate(answer)
+
+
 def document(
-    name: str, rng: random.Random, encode: Callable[[str], np.ndarray], length: int,
-    filler: Callable[[int], np.ndarray],
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(tokens, answer mask) of about ``length`` tokens: the task's events between
-    ``filler(count)`` tokens. Every part is encoded alone, so a value's tokens in a query equal
-    its tokens where it was stated. A document too short for its events is as long as they are."""
-    events = sorted(TASKS[name](rng, length), key=lambda e: e[0])  # stable: ties keep order
-    parts = [[(encode(text), answer) for text, answer in event] for _, event in events]
-    fixed = sum(len(t) for event in parts for t, _ in event)
-    hay = np.asarray(filler(max(0, length - fixed)), dtype=np.int64)
-    tokens, mask, cursor = [], [], 0
-    for (at, _), event in zip(events, parts, strict=True):
-        cut = round(at * len(hay))
-        tokens.append(hay[cursor:cut])
-        mask.append(np.zeros(cut - cursor, bool))
-        for piece, answer in event:
-            tokens.append(piece)
-            mask.append(np.full(len(piece), answer))
-        cursor = cut
-    tokens.append(hay[cursor:])
-    mask.append(np.zeros(len(hay) - cursor, bool))
-    return np.concatenate(tokens).astype(np.int64), np.concatenate(mask)
+    name: str, rng: random.Random, enc: Encoder, length: int, units: Iterable[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, answer mask) of ``length`` tokens: the task's events between haystack units
+    (sentences), or as many tokens as the events take when ``length`` is too short for them."""
+    laid_out, answer = layout(name, rng, enc, length)
+    assembled = assemble(laid_out, max(length, laid_out.fixed_tokens), units)
+    mask = np.zeros(len(assembled.prompt), bool)
+    offset = 0
+    for i, (_, piece) in enumerate(laid_out.inserts):
+        start = assembled.insert_starts[i]
+        mask[start : start + len(piece)] = answer[offset : offset + len(piece)]
+        offset += len(piece)
+    return assembled.prompt, mask
