@@ -15,6 +15,8 @@ answer back to its needle reach the row length. Tasks:
   once somewhere after it, in the eval's copy format;
 - ``repeat``: random letters, a newline, the same letters again (no haystack, no template): half
   the document predictable by induction alone, the densest signal there is;
+- ``ood_ledger``, ``ood_locker``, ``ood_relay``, ``ood_echo``: dense retrieval whose templates,
+  keys and values the suite never uses (longctx.synthetic.ood): the out-of-distribution mix;
 - any ``lc_*`` task of longctx.synthetic (lc_niah_single, lc_passkey, lc_variable_tracking,
   ...; never RULER's templates, which the suite scores): one instance per document, answer
   included.
@@ -46,7 +48,7 @@ from longctx.cli import command
 from longctx.data.haystack import resolve_haystack
 from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, load_manifest, write_manifest
 from longctx.data.tokenizer import load_tokenizer
-from longctx.synthetic import DoesNotFit, Encoder, Layout, assemble
+from longctx.synthetic import DoesNotFit, Encoder, Layout, assemble, ood
 from longctx.synthetic import TaskInputError as RulerInputError
 from longctx.synthetic import cat as _cat
 from longctx.synthetic.legacy import DIGITS, SPAN
@@ -99,7 +101,7 @@ DENSE = {"kv_recall": kv_recall, "copy": copy_dense, "repeat": repeat}
 
 def check_tasks(names: Sequence[str] | str) -> list[str]:
     """The training tasks: the dense ones and the suite's (None is no task: refused)."""
-    known = [*DENSE, *(t for t in TASKS if not TASKS[t].ruler)]
+    known = [*DENSE, *ood.TASKS, *(t for t in TASKS if not TASKS[t].ruler)]
     return check_names([] if names is None else names, known)
 
 
@@ -110,7 +112,11 @@ def document(name: str, index: int, seed: int, tokenizer, lengths, haystack) -> 
     low, high = lengths
     length = round(math.exp(rng.uniform(math.log(low), math.log(high))))
     enc = Encoder(tokenizer)
-    if name in DENSE:
+    if name in ood.TASKS:  # the suite's formats nowhere (longctx.synthetic.ood)
+        tokens, _ = ood.document(name, rng, enc, length - 1, haystack.units(enc, rng, " "))
+        if len(tokens) >= high:
+            raise RulerInputError(f"{name} does not fit --max-length {high}; raise it")
+    elif name in DENSE:
         layout = DENSE[name](rng, enc, length)
         if layout.fixed_tokens > high:
             raise RulerInputError(f"{name} does not fit --max-length {high}; raise it")
