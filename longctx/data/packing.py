@@ -13,6 +13,12 @@ Each packer is two stages. A *planner* sees only document lengths and decides wh
 pieces into token and label arrays (a few numpy slice copies per row). The planner can be
 benchmarked on lengths alone. A packer is a pure function of its documents and settings: a
 resumed run replays it (longctx.data.streams), it keeps no checkpointable state.
+
+Document boundaries come from the documents themselves: each one ends with the tokenizer's EOS
+(prepare appends it), so the rows' segments are exactly what EOS-derived boundaries give
+(Megatron's reset-at-EOD, ``PackedBatch.from_eos``). With ``bos_id`` a packer puts BOS in front
+of every document it is given, so BOS is the first token of each segment that starts a document
+(Llama 3's ``<|begin_of_text|> text <|end_of_text|>``; the prepared tokens stay the text's own).
 """
 
 from __future__ import annotations
@@ -290,9 +296,10 @@ class Packer(Protocol):
 class _PlannedPacker:
     """Shared driver: pull documents, let the planner plan rows, assemble and yield them."""
 
-    def __init__(self, seq_len: int, planner, pad_id: int) -> None:
+    def __init__(self, seq_len: int, planner, pad_id: int, bos_id: int | None) -> None:
         self.seq_len = seq_len
         self.pad_id = pad_id
+        self.bos_id = bos_id
         self._planner = planner
         self._documents: dict[int, np.ndarray] = {}  # pulled documents still needed
         self._documents_consumed = 0
@@ -318,7 +325,7 @@ class _PlannedPacker:
                 self._planner.flush()
                 return bool(ready)
             index = self._documents_consumed
-            self._documents[index] = _checked_document(document, index)
+            self._documents[index] = _with_bos(_checked_document(document, index), self.bos_id)
             self._documents_consumed += 1
             self._planner.add(index, len(self._documents[index]))
         return True
@@ -346,30 +353,47 @@ class _PlannedPacker:
 class ConcatChunkPacker(_PlannedPacker):
     """Concatenate documents and cut every ``seq_len`` tokens (no padding but the last row)."""
 
-    def __init__(self, seq_len: int, *, pad_id: int = 0) -> None:
+    def __init__(self, seq_len: int, *, pad_id: int = 0, bos_id: int | None = None) -> None:
         _check_positive("seq_len", seq_len)
-        super().__init__(seq_len, _ConcatChunkPlanner(seq_len), pad_id)
+        super().__init__(seq_len, _ConcatChunkPlanner(seq_len), pad_id, bos_id)
 
 
 class BestFitPacker(_PlannedPacker):
     """Best-fit-decreasing within a buffer of ``buffer_size`` documents; pad the rest."""
 
-    def __init__(self, seq_len: int, *, pad_id: int = 0, buffer_size: int = 1000, seed: int = 0):
+    def __init__(
+        self,
+        seq_len: int,
+        *,
+        pad_id: int = 0,
+        buffer_size: int = 1000,
+        seed: int = 0,
+        bos_id: int | None = None,
+    ):
         _check_positive("seq_len", seq_len)
         _check_positive("buffer_size", buffer_size)
-        super().__init__(seq_len, _BestFitPlanner(seq_len, buffer_size, seed), pad_id)
+        planner = _BestFitPlanner(seq_len, buffer_size, seed)
+        super().__init__(seq_len, planner, pad_id, bos_id)
         self.buffer_size = buffer_size
         self.seed = seed
 
 
 def make_packer(
-    name: str, seq_len: int, *, pad_id: int = 0, buffer_size: int = 1000, seed: int = 0
+    name: str,
+    seq_len: int,
+    *,
+    pad_id: int = 0,
+    buffer_size: int = 1000,
+    seed: int = 0,
+    bos_id: int | None = None,
 ) -> Packer:
-    """A packer by name: "concat_chunk" or "best_fit"."""
+    """A packer by name: "concat_chunk" or "best_fit"; ``bos_id``: BOS before every document."""
     if name == "concat_chunk":
-        return ConcatChunkPacker(seq_len, pad_id=pad_id)
+        return ConcatChunkPacker(seq_len, pad_id=pad_id, bos_id=bos_id)
     if name == "best_fit":
-        return BestFitPacker(seq_len, pad_id=pad_id, buffer_size=buffer_size, seed=seed)
+        return BestFitPacker(
+            seq_len, pad_id=pad_id, buffer_size=buffer_size, seed=seed, bos_id=bos_id
+        )
     raise ValueError(f"unknown packer {name!r}; expected one of 'concat_chunk', 'best_fit'")
 
 
@@ -439,6 +463,13 @@ def _checked_document(document, index: int) -> np.ndarray:
     if len(document) == 0:
         raise ValueError(f"document {index} is empty; expected at least one token (its EOS)")
     return document
+
+
+def _with_bos(document: np.ndarray, bos_id: int | None) -> np.ndarray:
+    """``document`` with ``bos_id`` in front (one copy), or as it is without one."""
+    if bos_id is None:
+        return document
+    return np.concatenate((np.asarray([bos_id], dtype=document.dtype), document))
 
 
 def _check_row_arrays(row: PackedRow, index: int, length: int) -> None:

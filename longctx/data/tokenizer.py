@@ -338,6 +338,42 @@ def load_tokenizer(spec: str | dict | Tokenizer) -> Tokenizer:
     raise TypeError(f"tokenizer {spec!r}; expected 'byte', 'llama3', a folder path, or a Tokenizer")
 
 
+def check_named_tokenizer(name: str | None, folder: Path, spec: dict) -> None:
+    """A prepared folder read under ``data.tokenizer=name`` was prepared with that tokenizer."""
+    if name is None:
+        return
+    kind = spec.get("kind")
+    if name in TOKENIZER_NAMES:
+        same = kind == name
+    else:
+        same = kind == "hf" and Path(spec.get("path", "")) == Path(name).expanduser().resolve()
+    if not same:
+        used = spec.get("path") if kind == "hf" else kind
+        raise ValueError(
+            f"{folder} was prepared with tokenizer {used!r}, not data.tokenizer={name!r}; "
+            f"prepare it with --tokenizer {name}, or drop data.tokenizer"
+        )
+
+
+# BOS ids packing can put before each document, by tokenizer kind (a folder names none)
+_BOS_IDS = {"byte": ByteTokenizer.bos_id, "llama3": Llama3Tokenizer.bos_id}
+
+
+def packing_bos_id(add_bos: bool | None, spec: dict) -> int | None:
+    """The id packing puts before every document, or None: ``add_bos`` None follows the
+    tokenizer's convention (Llama 3: BOS first, as Meta, torchtitan and transformers encode a
+    document; the byte tokenizer: none, as its golden curve was trained)."""
+    kind = spec.get("kind")
+    if add_bos is False or (add_bos is None and kind != "llama3"):
+        return None
+    if kind not in _BOS_IDS:
+        raise ValueError(
+            f"data.add_bos=true with tokenizer {spec.get('path', kind)!r}, which names no BOS; "
+            "expected data.add_bos=false or null with a tokenizer folder"
+        )
+    return _BOS_IDS[kind]
+
+
 def _load_fast_tokenizer(folder: Path):
     import tokenizers
 
