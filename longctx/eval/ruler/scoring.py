@@ -98,26 +98,40 @@ def check_mode(mode: str) -> str:
 
 
 # ----------------------------------------------------------------------------- scoring
-def instance_batch(instances: Sequence[Instance], reset_position_ids: bool = True) -> PackedBatch:
-    """One instance per row (one segment each), teacher-forced: inputs ``tokens[:-1]`` and the
-    answer labels; all instances must share a token count."""
+def instance_batch(instances: Sequence[Instance], row_multiple: int = 1) -> PackedBatch:
+    """One instance per row, teacher-forced: inputs ``tokens[:-1]`` and the answer labels; all
+    instances must share a token count (see :func:`rows_batch` for ``row_multiple``)."""
     sizes = {len(p.tokens) for p in instances}
     if len(sizes) != 1:
         raise ValueError(f"a batch needs instances of one token count, got {sorted(sizes)}")
-    n = sizes.pop() - 1
     tokens = torch.from_numpy(np.stack([p.tokens[:-1] for p in instances]))
     labels = torch.from_numpy(np.stack([p.labels() for p in instances]))
-    return PackedBatch.from_lengths(tokens, [[n]] * len(instances), reset_position_ids, labels)
+    return rows_batch(tokens, labels, row_multiple)
 
 
-def prompt_batch(instances: Sequence[Instance]) -> PackedBatch:
-    """The instances' prompts, one per row (positions 0 .. N-1); they must share a length."""
+def prompt_batch(instances: Sequence[Instance], row_multiple: int = 1) -> PackedBatch:
+    """The instances' prompts, one per row; they must share a length."""
     lengths = {len(p.prompt) for p in instances}
     if len(lengths) != 1:
         raise ValueError(f"a batch needs prompts of one length, got lengths {sorted(lengths)}")
-    n = lengths.pop()
     tokens = torch.from_numpy(np.stack([np.asarray(p.prompt, dtype=np.int64) for p in instances]))
-    return PackedBatch.from_lengths(tokens, [[n]] * len(instances), reset_position_ids=True)
+    return rows_batch(tokens, None, row_multiple)
+
+
+def rows_batch(tokens_BN: Tensor, labels_BN: Tensor | None, row_multiple: int) -> PackedBatch:
+    """Each row one document at positions 0 .. N-1; with ``row_multiple`` > 1 (a context-
+    parallel split needs rows of a multiple of its chunks) a pad segment goes FIRST, so the
+    document is still the row's last segment (the one generation continues). Attention never
+    crosses segments, so the pad changes no result."""
+    b, n = tokens_BN.shape
+    pad = -n % row_multiple
+    if pad == 0:
+        return PackedBatch.from_lengths(tokens_BN, [[n]] * b, True, labels_BN)
+    tokens = torch.cat([tokens_BN.new_zeros(b, pad), tokens_BN], 1)
+    labels = None
+    if labels_BN is not None:
+        labels = torch.cat([labels_BN.new_full((b, pad), IGNORE_INDEX), labels_BN], 1)
+    return PackedBatch.from_lengths(tokens, [[pad, n]] * b, True, labels)
 
 
 def answer_logits(model, batch: PackedBatch) -> Tensor:
@@ -146,13 +160,13 @@ def answer_predictions(model, batch: PackedBatch, shard=None) -> Tensor:
 
 
 def generate_texts(
-    model, instances: Sequence[Instance], tokenizer, device, shard=None
+    model, instances: Sequence[Instance], tokenizer, device, shard=None, row_multiple: int = 1
 ) -> list[str]:
     """Each instance's greedy continuation of its prompt (its tokens_to_generate tokens, up to
     the first EOS), decoded. The instances share a prompt length and tokens_to_generate. A
     model with its own ``generate_from_batch`` (a transformers folder) generates with it."""
     max_new = max(p.tokens_to_generate for p in instances)
-    batch = prompt_batch(instances).to(device)
+    batch = prompt_batch(instances, row_multiple).to(device)
     own = getattr(model, "generate_from_batch", None)
     if own is not None:
         rows = own(batch, max_new)
@@ -180,6 +194,7 @@ def score_instances(
     scoring: str = TEACHER_FORCED,
     tokenizer=None,
     shard: Callable[[PackedBatch], PackedBatch] | None = None,
+    row_multiple: int = 1,
 ) -> list[dict]:
     """One row per instance, in the order of ``instances`` (see :func:`result_row`).
 
@@ -187,7 +202,8 @@ def score_instances(
     (``score`` = RULER's metric of the greedy generation; needs ``tokenizer`` to decode it).
     forward_context: a context manager factory every forward runs under (the trainer's
     precision). shard: under context parallelism, this rank's share of a batch (the training
-    step's ``LongCtxModule.rank_shard``); every rank of the group calls with the same instances.
+    step's ``LongCtxModule.rank_shard``); every rank of the group calls with the same instances,
+    and ``row_multiple`` is what the split needs the rows' length to be a multiple of.
     """
     check_mode(scoring)
     if scoring == GENERATE and tokenizer is None:
@@ -196,7 +212,7 @@ def score_instances(
     rows: list[dict | None] = [None] * len(instances)
     for indices in batches(instances, batch_size, key=lambda p: len(p.tokens)):
         group = [instances[i] for i in indices]
-        batch = instance_batch(group).to(device)
+        batch = instance_batch(group, row_multiple).to(device)
         with context():
             predicted = answer_predictions(model, batch, shard).cpu()
         targets = batch.labels[batch.labels != IGNORE_INDEX].cpu()
@@ -207,7 +223,7 @@ def score_instances(
         for indices in batches(instances, batch_size, key=_generation_key):
             group = [instances[i] for i in indices]
             with context():
-                texts = generate_texts(model, group, tokenizer, device, shard)
+                texts = generate_texts(model, group, tokenizer, device, shard, row_multiple)
             for i, text in zip(indices, texts, strict=True):
                 rows[i].update(generated_fields(instances[i], text))
     return rows
