@@ -54,8 +54,9 @@ def load_configs(stored, seq_len: int | None, cache_dir: str | None, backend: st
 
 
 def model_state_dict(state: dict, path: Path) -> dict[str, torch.Tensor]:
-    """The Llama weights of a Lightning checkpoint (keys ``model.`` or ``model._orig_mod.``)."""
-    weights = state.get("state_dict", state)
+    """The model's weights in a Lightning checkpoint's contents (keys ``model.`` or
+    ``model._orig_mod.``)."""
+    weights = state.get("state_dict", state) if isinstance(state, dict) else {}
     out = {}
     for key, value in weights.items():
         for prefix in ("model._orig_mod.", "model."):
@@ -63,16 +64,31 @@ def model_state_dict(state: dict, path: Path) -> dict[str, torch.Tensor]:
                 out[key[len(prefix) :]] = value
                 break
     if not out:
-        raise KeyError(f"{path} has no 'model.*' weights; keys start {list(weights)[:5]}")
+        raise ValueError(
+            f"{path} has no 'model.*' weights (keys start {list(weights)[:5]}); expected a "
+            "checkpoint written by train.py"
+        )
     return out
 
 
-def load_model(state: dict, path: Path, model_config, device: str):
-    from longctx.model import Llama
+def checkpoint_weights(stored) -> dict[str, torch.Tensor]:
+    """The trained model's weights: memory-mapped from a .ckpt file, or read (as data) from
+    a sharded checkpoint folder."""
+    if stored.checkpoint.is_dir():
+        from longctx.runs.sharded import read_sharded_tensors
 
-    with torch.device("meta"):
-        model = Llama(model_config)
-    model.load_state_dict(model_state_dict(state, path), strict=True, assign=True)
+        return model_state_dict(read_sharded_tensors(stored.checkpoint, "state_dict."),
+                                stored.checkpoint)  # fmt: skip
+    return model_state_dict(stored.contents, stored.checkpoint)
+
+
+def load_model(stored, model_config, device: str):
+    """The run's model (longctx's Llama or a model=hf one) built from its record's config,
+    holding the checkpoint's weights; a record that does not fit them is refused first."""
+    try:
+        model = model_config.build_from(checkpoint_weights(stored))
+    except ValueError as err:
+        raise ValueError(f"{stored.checkpoint}: {err}") from None
     return model.to(device).eval()
 
 
@@ -168,7 +184,6 @@ def run(args: argparse.Namespace) -> dict:
     if args.hf is not None:
         return run_hf(args)
     stored = read_stored_run(args.checkpoint)  # names the file when missing or unreadable
-    state = stored.contents
     model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
     out = args.out or _default_out(args.checkpoint.resolve())
     if args.suite == "ruler":
@@ -178,7 +193,7 @@ def run(args: argparse.Namespace) -> dict:
         settings.check(model_config.max_seq_len, "--lengths")
     else:
         check_lengths(args, model_config.max_seq_len, data_config.seq_len)
-    model = load_model(state, args.checkpoint, model_config, args.device)
+    model = load_model(stored, model_config, args.device)
     datamodule = LongCtxDataModule(data_config)
     if args.suite == "ruler":  # beside the in-loop callback's eval/ruler_*, not over them
         tokenizer = load_tokenizer(datamodule.manifest.tokenizer)

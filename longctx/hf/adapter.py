@@ -431,6 +431,25 @@ class HFModelSpec:
                 "model.config_overrides if the model is meant to train longer"
             )
 
+    def build_from(self, weights) -> HFCausalLM:
+        """The model from ``path`` (its own non-persistent buffers, e.g. RoPE frequencies,
+        as transformers computes them) holding ``weights``, checked first against the model
+        built on the meta device from config.json alone."""
+        from longctx.model.interface import check_weights
+
+        check_weights(self._empty_state(), weights)
+        model = self.build()
+        model.load_state_dict(weights, strict=True)
+        return model
+
+    def _empty_state(self) -> dict:
+        """The HFCausalLM's state dict names and shapes, nothing allocated."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            empty = AutoModelForCausalLM.from_config(self.hf_config, trust_remote_code=False)
+        return {f"hf_model.{k}": v for k, v in empty.state_dict().items()}
+
     def build(self) -> HFCausalLM:
         return load_hf_causal_lm(
             self.path,

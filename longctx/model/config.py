@@ -84,6 +84,18 @@ class LlamaConfig:
                 return Llama(self)
         return Llama(self)
 
+    def build_from(self, weights):
+        """Llama(self) holding ``weights``: built on the meta device, checked, then assigned
+        (memory-mapped tensors stay mapped)."""
+        from longctx.model.interface import check_weights
+        from longctx.model.llama import Llama
+
+        with torch.device("meta"):
+            model = Llama(self)
+        check_weights(model.state_dict(), weights)
+        model.load_state_dict(weights, strict=True, assign=True)
+        return model
+
     def check_seq_len(self, seq_len: int) -> None:
         """The one length limit: rows no longer than the RoPE range the model is built for."""
         if seq_len > self.max_seq_len:

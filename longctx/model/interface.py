@@ -6,6 +6,7 @@ the per-token loss and the loss sum are computed here, once, for all of them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
 import torch
@@ -48,6 +49,10 @@ class ModelSpec(Protocol):
     def build(self) -> PackedCausalLM:
         """The model (on the meta device when ``init_from`` will fill it)."""
 
+    def build_from(self, weights: Mapping[str, Tensor]) -> PackedCausalLM:
+        """The model holding ``weights`` (a checkpoint's state dict, memory-mapped, named as the
+        model's), refused by :func:`check_weights` before the model is allocated."""
+
 
 class PackedCausalLM(nn.Module):
     """Base of the models the LightningModule, the evaluation and the app run."""
@@ -86,6 +91,29 @@ class PackedCausalLM(nn.Module):
         loss is the same however tokens are split into rows, micro-batches or ranks.
         """
         return self.token_loss(batch).sum(), batch.num_loss_tokens
+
+
+def check_weights(expected: Mapping[str, Tensor], weights: Mapping[str, Tensor]) -> None:
+    """Refuse ``weights`` whose names or shapes differ from ``expected`` (a model's state dict,
+    on the meta device), naming the first few: a config that does not fit a checkpoint."""
+    missing, unexpected = (
+        sorted(expected.keys() - weights.keys()),
+        sorted(weights.keys() - expected.keys()),
+    )
+    if missing or unexpected:
+        raise ValueError(
+            f"the checkpoint's tensors are not the model's: missing {missing[:3]}"
+            f"{' ...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
+            f"{' ...' if len(unexpected) > 3 else ''}"
+        )
+    wrong = [k for k in expected if tuple(expected[k].shape) != tuple(weights[k].shape)]
+    if wrong:
+        shapes = "; ".join(
+            f"{k}: model {tuple(expected[k].shape)} vs checkpoint {tuple(weights[k].shape)}"
+            for k in wrong[:3]
+        )
+        more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise ValueError(f"tensor shapes differ from the model config's: {shapes}{more}")
 
 
 def check_batch(

@@ -155,11 +155,14 @@ def _check_metadata(metadata: Any, folder: Path) -> None:
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """torch's FileSystemReader with the index read by :func:`read_dcp_metadata`."""
+    """torch's FileSystemReader with the index read by :func:`read_dcp_metadata`.
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self._get_metadata_path(kwargs.get("rank")))
-        metadata = read_dcp_metadata(path.parent, path.name)
+    Only the folder's one index is read: no ``**kwargs`` here, because dcp.load falls back to a
+    per-rank ``__<rank>.metadata`` when the reader takes a ``rank`` keyword and the index fails,
+    which would turn a refusal into a load of another file (longctx never writes those)."""
+
+    def read_metadata(self) -> Metadata:  # type: ignore[override]
+        metadata = read_dcp_metadata(self.path)
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id  # as FileSystemReader.read_metadata does
@@ -188,6 +191,7 @@ def load_sharded(state: dict, folder: str | os.PathLike) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
+    read_dcp_metadata(folder)  # our one-line refusal, not torch's wrapped one
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner())
     except CheckpointException as err:
@@ -211,3 +215,16 @@ def _first_failure(err, folder: Path) -> Exception:
         f"sharded checkpoint {folder} cannot be loaded ({type(cause).__name__}: "
         f"{(lines[0] if lines else '')[:300]})"
     )
+
+
+def read_sharded_tensors(folder: str | os.PathLike, prefix: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder whose name starts with ``prefix`` (the prefix removed), whole,
+    on the CPU: allocated at the shapes and dtypes its index states, then loaded as data."""
+    entries = read_dcp_metadata(folder).state_dict_metadata
+    tensors = {
+        name: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+        for name, entry in entries.items()
+        if name.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
+    }
+    load_sharded(tensors, folder)
+    return {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}

@@ -287,5 +287,5 @@ def test_cli_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"bare\.ckpt holds no run config"):
         cli.main([str(tmp_path / "bare.ckpt"), "--no-probe"])
     torch.save({"state_dict": {"other.weight": torch.zeros(1)}}, tmp_path / "x.ckpt")
-    with pytest.raises(KeyError, match="no 'model"):
+    with pytest.raises(ValueError, match="no 'model"):
         cli.model_state_dict(torch.load(tmp_path / "x.ckpt"), tmp_path / "x.ckpt")
