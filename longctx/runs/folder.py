@@ -1,5 +1,8 @@
-"""One run folder, one writer; its first config kept; nothing left behind by a failed start.
+"""One run folder, one writer; its first config kept; a start takes back what it added; an
+overwrite deletes only a longctx run.
 
+* Where. ``run_name`` is one folder name; the run folder is a real folder directly inside the
+  runs root (not a symbolic link, not outside it once links are resolved).
 * Lock. The process that trains into a run folder (global rank 0) holds an exclusive
   ``flock`` on ``<run>/.lock`` for its whole life; the file names the holder. A second run
   into the same folder is refused, naming it. The kernel drops the lock when the holder dies
@@ -7,22 +10,35 @@
 * Config. Hydra writes ``.hydra/config.yaml`` at every start. The first start of a run keeps
   that place; every later start (a resume, a refused attempt) writes ``.hydra/restart-N/``,
   so the run's original config is never overwritten.
-* Cleanup. A start that fails its config checks removes the run folder again when it holds
-  nothing but what that start wrote (Hydra's bookkeeping, the lock).
+* Marker. A start that is not refused writes ``.longctx-run`` into a folder that was new or empty
+  before it (or already marked): the folder is a longctx run's, which ``overwrite=true`` may
+  delete. A folder without it (a user's, a run of an older longctx) is never deleted.
+* Overwrite. The marked folder is renamed aside in one step (a hidden sibling), a new folder
+  takes its name with this start's own files (lock, job log, config), and the renamed one is
+  deleted; symbolic links inside are unlinked, never followed. A crash at any point leaves the
+  old run whole, or the new folder and a hidden remainder: never a half-deleted run.
+* Undo. A refused start removes what it added (its metrics, its ``.hydra`` or
+  ``.hydra/restart-N``, the lock and job log it created, its marker), and the folder only when
+  this start created it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import fcntl
 import hashlib
 import os
+import secrets
 import shutil
 import socket
 import sys
 from pathlib import Path
 
+from longctx.io import atomic_write_bytes
+
 LOCK_FILE = ".lock"
+RUN_MARKER = ".longctx-run"
 HYDRA_DIR = ".hydra"
 HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 CHECKPOINTS = "checkpoints"
@@ -55,12 +71,49 @@ def run_folder_of(path: Path) -> Path | None:
 
 def newest_resumable_run(root: Path) -> Path | None:
     """The run under ``root`` whose last checkpoint was written most recently."""
-    found = sorted(Path(root).glob(f"*/{CHECKPOINTS}/{LAST_CHECKPOINT}"), key=_mtime)
-    return found[-1].parent.parent if found else None
+    runs = (p.parent.parent for p in Path(root).glob(f"*/{CHECKPOINTS}/{LAST_CHECKPOINT}"))
+    # hidden: an overwrite's remainder; a link: not a run folder of this root
+    found = sorted((r for r in runs if not r.name.startswith(".") and not r.is_symlink()),
+                   key=lambda r: _mtime(last_checkpoint(r)))  # fmt: skip
+    return found[-1] if found else None
 
 
 def _mtime(path: Path) -> float:
     return path.stat().st_mtime
+
+
+class RunFolderRefused(ValueError):
+    """A run folder longctx will not write into, or (overwrite=true) will not delete."""
+
+
+def named_run(root: Path, name: str) -> Path:
+    """The run folder of ``run_name=name``: one folder name directly inside the runs root
+    ``root`` (not hidden either: hidden names are an overwrite's remainders)."""
+    if not name or "/" in name or name.startswith(".") or len(name.encode()) > NAME_MAX:
+        raise RunFolderRefused(
+            f"run_name={name!r}: a run name is one folder name inside the runs folder {root} "
+            f"(no '/', not '.' or '..', not starting with '.', at most {NAME_MAX} bytes); pick "
+            "a plain name such as run_name=arm_a"
+        )
+    run = Path(root) / name
+    check_location(run, root)
+    return run
+
+
+def check_location(run: Path, root: Path) -> None:
+    """``run`` is a real folder (or none yet) directly inside ``root`` once symbolic links are
+    resolved: a linked run folder would have its target written, and overwritten."""
+    if run.is_symlink():
+        raise RunFolderRefused(
+            f"run folder {run} is a symbolic link (to {os.readlink(run)}); a run folder is a "
+            f"real folder inside {root}: remove the link, or move all runs with paths.root_dir"
+        )
+    real, real_root = Path(os.path.realpath(run)), Path(os.path.realpath(root))
+    if real.parent != real_root:
+        raise RunFolderRefused(
+            f"run folder {run} resolves to {real}, not a folder of the runs folder {real_root}; "
+            "pick another run_name"
+        )
 
 
 class RunFolderBusy(RuntimeError):
@@ -132,26 +185,6 @@ def sweep_subdir(override_dirname: str) -> str:
     return name[: NAME_MAX - len(digest) - 3].decode(errors="ignore") + f"...{digest}"
 
 
-def remove_if_only_bookkeeping(run_dir: Path) -> bool:
-    """Delete ``run_dir`` when it holds only what failed starts write: Hydra's config files
-    (``.hydra``, its ``restart-N``), Hydra's job log (``*.log``) and the lock file. A start
-    that fails its checks leaves no empty run folder behind. Returns whether it was removed."""
-    if not run_dir.is_dir():
-        return False
-    for entry in run_dir.iterdir():
-        if entry.is_file() and (entry.name == LOCK_FILE or entry.suffix == ".log"):
-            continue
-        if entry.name == HYDRA_DIR and _only_hydra_files(entry):
-            continue
-        return False
-    shutil.rmtree(run_dir)
-    return True
-
-
-def _only_hydra_files(folder: Path) -> bool:
-    return all(p.is_dir() or p.name in HYDRA_FILES for p in folder.rglob("*"))
-
-
 def existing_checkpoints(checkpoint_dir: Path) -> list[str]:
     """Names of the checkpoints (files or sharded folders) in a run's checkpoints folder."""
     if not checkpoint_dir.is_dir():
@@ -159,26 +192,184 @@ def existing_checkpoints(checkpoint_dir: Path) -> list[str]:
     return sorted(p.name for p in checkpoint_dir.iterdir() if p.suffix == ".ckpt")
 
 
-def snapshot(run_dir: Path) -> set[Path]:
-    """Every file in ``run_dir`` now (to tell later what a start added)."""
-    return {p for p in Path(run_dir).rglob("*") if p.is_file()} if Path(run_dir).is_dir() else set()
+# ------------------------------------------------------------------ what a start added
+@dataclasses.dataclass(frozen=True)
+class FolderState:
+    """A folder's entries at one moment: every file, folder and link in it ("a/b" relative to
+    it), links not followed."""
+
+    existed: bool
+    entries: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, folder: Path) -> FolderState:
+        folder = Path(folder)
+        if folder.is_symlink() or not folder.is_dir():
+            return cls(existed=os.path.lexists(folder))
+        entries = set()
+        for parent, dirs, files in os.walk(folder):  # a linked folder is listed, not entered
+            base = Path(parent).relative_to(folder)
+            entries |= {(base / name).as_posix() for name in (*dirs, *files)}
+        return cls(existed=True, entries=frozenset(entries))
 
 
-def undo_start(run_dir: Path, before: set[Path]) -> bool:
-    """Remove what a refused start added to ``run_dir`` (its log and metrics folders, its W&B
-    files), unless it wrote a checkpoint, and then the folder itself when nothing but failed
-    starts' bookkeeping is left. Returns whether the folder was removed."""
-    added = snapshot(run_dir) - before
-    if any(p.is_relative_to(checkpoint_dir(run_dir)) for p in added):
-        return False  # a refusal after training began: what it wrote is the run's
-    for path in added:
-        if path.name != LOCK_FILE and path.suffix != ".log" and HYDRA_DIR not in path.parts:
-            path.unlink(missing_ok=True)
-    _remove_empty_folders(Path(run_dir))
-    return remove_if_only_bookkeeping(Path(run_dir))
+# What each run folder held before Hydra made it or wrote into it, noted by the run-folder
+# resolver (Hydra resolves hydra.run.dir before it creates the folder). A folder Hydra found
+# another way (a sweep job, hydra.run.dir=..., an in-process run()) has its state guessed
+# instead (RunStart.guess_before).
+_BEFORE_HYDRA: dict[str, FolderState] = {}
 
 
-def _remove_empty_folders(root: Path) -> None:
-    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
-        if not any(folder.iterdir()):
-            folder.rmdir()
+def note_before_hydra(run: Path) -> None:
+    _BEFORE_HYDRA.setdefault(os.path.abspath(run), FolderState.of(run))
+
+
+@dataclasses.dataclass(frozen=True)
+class HydraWrites:
+    """What Hydra wrote into the run folder for this start before longctx's code ran. None:
+    not known (run() called without Hydra, e.g. by a test that imitates a first start)."""
+
+    config_dir: str | None = None  # ".hydra", or ".hydra/restart-N" on a later start
+    job_log: str | None = None  # "app.log"
+
+    def entries(self, present: frozenset[str]) -> set[str]:
+        """Which of the ``present`` entries this start's Hydra wrote (best guess when unknown:
+        a first start's)."""
+        config_dir = self.config_dir or HYDRA_DIR
+        ours = {config_dir, *(f"{config_dir}/{name}" for name in HYDRA_FILES)}
+        if config_dir == HYDRA_DIR:  # a first start: Hydra made the job log too
+            ours |= {e for e in present if self._is_job_log(e)}
+        return ours & present
+
+    def kept_on_overwrite(self, previous: frozenset[str], now: frozenset[str]) -> list[str]:
+        """Top-level entries an overwrite moves into the new folder: what this start added (but
+        its config folder, whose files become .hydra/), the lock this process holds and the job
+        log Hydra is writing."""
+        added = _top(now - previous) - {HYDRA_DIR}
+        return sorted(added | {e for e in _top(now) if e == LOCK_FILE or self._is_job_log(e)})
+
+    def _is_job_log(self, entry: str) -> bool:
+        if self.job_log is not None:
+            return entry == self.job_log
+        return "/" not in entry and entry.endswith(".log")
+
+
+class RunStart:
+    """One start's view of its run folder: what the folder held before it (what a refused start
+    takes back), the marker, and the overwrite of a previous run."""
+
+    def __init__(self, run: Path, hydra: HydraWrites) -> None:
+        self.run, self.hydra = Path(run), hydra
+        noted = _BEFORE_HYDRA.pop(os.path.abspath(run), None)
+        self.before = noted if noted is not None else self.guess_before()
+
+    def guess_before(self) -> FolderState:
+        """The folder now, less what this start's Hydra wrote; it existed if anything is left."""
+        now = FolderState.of(self.run)
+        rest = frozenset(now.entries - self.hydra.entries(now.entries))
+        return FolderState(existed=bool(rest), entries=rest)
+
+    def claim(self) -> None:
+        """Mark the folder as a longctx run's, when it is this run's: new or empty before this
+        start, or marked already."""
+        previous = self.before.entries
+        marker = self.run / RUN_MARKER
+        if (previous and RUN_MARKER not in previous) or marker.exists():
+            return
+        atomic_write_bytes(
+            marker, f"a longctx run folder, begun by {holder_description()}\n".encode()
+        )
+
+    def start_over(self) -> list[str]:
+        """overwrite=true: delete the previous run (moved aside, then removed; see the module
+        docstring). Refused, deleting nothing, when the folder is not marked as a longctx run.
+        Returns the top-level names deleted."""
+        previous = self.before.entries
+        if not previous:
+            return []
+        if RUN_MARKER not in previous:
+            shown = ", ".join(sorted(e for e in previous if "/" not in e)[:5])
+            raise RunFolderRefused(
+                f"overwrite=true: {self.run} is not marked as a longctx run (no {RUN_MARKER}; it "
+                f"holds {shown}), so nothing was deleted; delete it yourself, or pick another "
+                "run_name"
+            )
+        keep = self.hydra.kept_on_overwrite(previous, FolderState.of(self.run).entries)
+        removed = sorted(
+            e + ("/" if (self.run / e).is_dir() else "") for e in _top(previous) - set(keep)
+        )
+        aside = self.run.with_name(f".{self.run.name}.overwritten-{secrets.token_hex(4)}")
+        os.rename(self.run, aside)  # one step: the run is whole, or no longer under its name
+        self._move_back(aside, keep)
+        _remove_tree(aside)
+        self.before = FolderState(existed=False)  # nothing of the folder is another start's now
+        return removed
+
+    def _move_back(self, aside: Path, keep: list[str]) -> None:
+        try:
+            self.run.mkdir()
+        except FileExistsError:
+            raise RunFolderRefused(
+                f"overwrite=true: {self.run} was made again by another process while the "
+                f"previous run was moved to {aside}; nothing was deleted"
+            ) from None
+        for name in keep:
+            if os.path.lexists(aside / name):
+                os.rename(aside / name, self.run / name)
+        if self.hydra.config_dir is not None and (aside / self.hydra.config_dir).is_dir():
+            (self.run / HYDRA_DIR).mkdir()
+            for name in HYDRA_FILES:  # this start's config becomes the folder's first
+                if (aside / self.hydra.config_dir / name).is_file():
+                    os.rename(aside / self.hydra.config_dir / name, self.run / HYDRA_DIR / name)
+
+    def undo(self) -> bool:
+        """Remove what this (refused) start added, unless it wrote a checkpoint (training began:
+        what it wrote is the run's); then the folder, when this start made it and nothing is
+        left. Returns whether the folder was removed."""
+        if self.run.is_symlink() or not self.run.is_dir():
+            return False
+        added = FolderState.of(self.run).entries - self.before.entries
+        if any(e.startswith(f"{CHECKPOINTS}/") for e in added):
+            return False
+        for entry in sorted(added, reverse=True):  # what is inside a folder before the folder
+            _remove_entry(self.run / entry)
+        if self.before.existed:
+            return False
+        return _remove_entry(self.run)
+
+
+def _top(entries: frozenset[str]) -> set[str]:
+    return {e for e in entries if "/" not in e}
+
+
+def _remove_entry(path: Path) -> bool:
+    """Unlink a file or link; remove a folder only if empty (what else is in it is not ours)."""
+    try:
+        path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+    except OSError:
+        return False
+    return True
+
+
+def _remove_tree(folder: Path) -> None:
+    """rmtree never follows a link inside (it unlinks it). What cannot be removed is said."""
+    try:
+        shutil.rmtree(folder)
+    except OSError as err:
+        print(f"warning: could not delete all of {folder} ({err}); delete it yourself",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
+def what_a_stop_kept(run: Path) -> str:
+    """What a run stopped in training (a non-finite step) leaves, for its message."""
+    names = existing_checkpoints(checkpoint_dir(run))
+    if names:
+        return (
+            f"its checkpoints ({', '.join(names)}) hold finite steps only: ckpt_path=last "
+            "resumes the newest"
+        )
+    shown = sorted(p.name for p in Path(run).iterdir() if not p.name.startswith("."))
+    return (
+        f"no checkpoint was written before it; the run folder {run} keeps what it logged "
+        f"({', '.join(shown) or 'nothing yet'})"
+    )

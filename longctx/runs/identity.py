@@ -49,16 +49,22 @@ def identity_changes(saved: dict, current: dict) -> dict[str, tuple]:
 
 
 def check_resume(
-    checkpoint: dict, current: dict, allowed: Iterable[str], path: str
+    checkpoint: dict,
+    current: dict,
+    allowed: Iterable[str],
+    path: str,
+    other_settings: Iterable[str] = (),
 ) -> dict[str, tuple]:
     """Refuse a resume that changes the run unless every change is in ``allowed``; returns
-    the allowed changes (for the log)."""
+    the allowed changes (for the log). ``other_settings``: the other names ``allowed`` may
+    list (the training settings, longctx.runs.resume)."""
     allowed = list(allowed)
-    unknown = [k for k in allowed if k not in current]
+    known = set(current) | set(other_settings)
+    unknown = [k for k in allowed if k not in known]
     if unknown:
         raise ResumeMismatch(
             f"allow_resume_changes={allowed}: {unknown} not among the run's settings "
-            f"({', '.join(sorted(current))})"
+            f"({', '.join(sorted(known))})"
         )
     saved = (checkpoint.get(CHECKPOINT_KEY) or {}).get("identity")
     if saved is None:

@@ -1,32 +1,69 @@
-"""Resume policy: which checkpoint a start continues from, and what a fresh start may find.
+"""Resume policy: which checkpoint a start continues from, what a resume may change, and what a
+fresh start may find.
 
 - ``ckpt_path=last`` / a path / a requeued SLURM job: the checkpoint, checked readable and
-  checked to be the same run (its identity; deliberate changes are allowed by name).
-- A fresh start into a run folder that holds checkpoints is refused (two runs' checkpoints side by
-  side, and a later ``ckpt_path=last`` could pick the older), unless ``overwrite=true``: then the
-  previous run is removed whole (checkpoints, metrics, W&B files, eval outputs, its configs), so
-  nothing of it is read next to the new run, and this start's config becomes the folder's.
+  checked to be the same run (its identity: longctx.runs.identity) trained the same way (its
+  training settings, below).
+- What a resume may change (docs/reliability.md, "What a resume may change"):
+  * applied and said: :data:`APPLIED_ON_RESUME` (how long the lr schedule runs, how many
+    non-finite steps a run may skip);
+  * never: :data:`FIXED_ON_RESUME` (the checkpoint's optimizer and schedule state belong to
+    those classes);
+  * every other optimizer and schedule setting (``optim.optimizer.*``,
+    ``optim.scheduler.*``, ``optim.weight_decay``, ``optim.grad_clip``): refused by name unless
+    ``allow_resume_changes`` lists it, and then applied (the optimizer's param groups and the
+    schedule take the configured values after the checkpoint is loaded:
+    longctx.train.module.apply_hyperparameters) and said;
+  * ``optim.accumulate_grad_batches``: the checkpoint's global batch is kept (elastic resume,
+    longctx.distributed.elastic), said when it differs.
+  The run record of every later checkpoint holds the settings the run now trains with.
+- A fresh start into a run folder that holds checkpoints is refused (two runs' checkpoints side
+  by side, and a later ``ckpt_path=last`` could pick the older), unless ``overwrite=true``: then
+  the previous run is removed whole, if it is a longctx run (longctx.runs.folder.RunStart).
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from longctx.io import atomic_write_bytes
 from longctx.runs.checkpoints import (
     ResumePoint,
     UnreadableCheckpoint,
     auto_resume_path,
     resolve_ckpt_path,
 )
-from longctx.runs.folder import HYDRA_DIR, LOCK_FILE, checkpoint_dir, existing_checkpoints
-from longctx.runs.identity import ResumeMismatch, check_resume
-from longctx.runs.record import CHECKPOINT_KEY
+from longctx.runs.folder import RunStart, checkpoint_dir, existing_checkpoints
+from longctx.runs.identity import ResumeMismatch, check_resume, identity_changes
+from longctx.runs.record import CHECKPOINT_KEY, plain
+
+# where the run record keeps the training settings (next to the model and data config)
+TRAINING_KEY = "training"
+# a resume applies these as configured and says so: the lr schedule's length, the stop policy
+APPLIED_ON_RESUME = ("trainer.max_steps", "optim.skip_nonfinite")
+# a resume never changes these: the checkpoint's optimizer / schedule state is theirs
+FIXED_ON_RESUME = ("optim.optimizer._target_", "optim.scheduler._target_")
+# not compared: the elastic resume keeps the checkpoint's global batch (and says so)
+NOT_COMPARED = ("optim.accumulate_grad_batches", "optim.allow_global_batch_change")
 
 
 class ResumeRefused(ValueError):
     """This start cannot resume, or cannot start fresh, in this run folder."""
+
+
+def training_settings(optim: dict, max_steps: int | None) -> dict:
+    """Flat ``{"optim.optimizer.lr": 3e-3, ..., "trainer.max_steps": 100}`` from the resolved
+    ``optim`` group: what a resume compares with its checkpoint's (Hydra's ``_partial_`` left
+    out: how a factory is called, not a setting)."""
+    flat = {"trainer.max_steps": max_steps}
+    stack = [("optim", optim)]
+    while stack:
+        prefix, node = stack.pop()
+        for key, value in node.items():
+            if isinstance(value, dict):
+                stack.append((f"{prefix}.{key}", value))
+            elif key != "_partial_" and f"{prefix}.{key}" not in NOT_COMPARED:
+                flat[f"{prefix}.{key}"] = value
+    return plain(dict(sorted(flat.items())))
 
 
 def resume_point(
@@ -34,8 +71,10 @@ def resume_point(
     output_dir: Path,
     identity: dict,
     allowed_changes: list[str],
+    training: dict | None = None,
 ) -> ResumePoint | None:
-    """The checkpoint this start resumes from, or None for a fresh start."""
+    """The checkpoint this start resumes from (checked, see the module docstring), or None for
+    a fresh start."""
     try:
         resume = resolve_ckpt_path(ckpt_path, output_dir)
         if resume is None and (resume := auto_resume_path(output_dir)):
@@ -44,20 +83,50 @@ def resume_point(
         raise ResumeRefused(f"ckpt_path={ckpt_path}: {err}") from err
     if resume is None:
         return None
+    training = training or {}
     try:
-        allowed = check_resume(resume.contents, identity, allowed_changes, resume.path)
+        allowed = check_resume(resume.contents, identity, allowed_changes, resume.path, training)
     except ResumeMismatch as err:
         raise ResumeRefused(str(err)) from err
     if CHECKPOINT_KEY not in resume.contents:
         print(f"{resume.path} stores no run identity (an older checkpoint): not checked")
     for key, (old, new) in allowed.items():
         print(f"resuming with a change allowed by allow_resume_changes: {key}: {old!r} -> {new!r}")
+    check_training_changes(resume, training, allowed_changes)
     return resume
 
 
-def check_fresh_start(output_dir: Path, overwrite: bool, config_dir: Path | None) -> None:
+def check_training_changes(resume: ResumePoint, training: dict, allowed: list[str]) -> None:
+    """Refuse, apply or allow each changed training setting (see the module docstring)."""
+    record = resume.contents.get(CHECKPOINT_KEY) or {}
+    saved = (record.get("config") or {}).get(TRAINING_KEY)
+    if saved is None:
+        print(f"{resume.path} stores no training settings (an older checkpoint): the configured "
+              "optimizer and schedule settings replace its own", flush=True)  # fmt: skip
+        return
+    changes = identity_changes(saved, training)
+    for key, (old, new) in changes.items():
+        what = f"{key}: {old!r} (checkpoint) -> {new!r} (now)"
+        if key in FIXED_ON_RESUME:
+            raise ResumeRefused(
+                f"resuming {resume.path} would change {what}; a resume cannot (the checkpoint's "
+                "optimizer and lr-schedule state belong to its classes): resume with the "
+                "checkpoint's, or start a new stage from its weights with model.init_from"
+            )
+        if key not in APPLIED_ON_RESUME and key not in allowed:
+            raise ResumeRefused(
+                f"resuming {resume.path} would change {what}; resume with the checkpoint's "
+                f"value, or apply the change with allow_resume_changes=[{key}]"
+            )
+    for key, (old, new) in changes.items():
+        how = "allowed by allow_resume_changes" if key in allowed else "applied as configured"
+        print(f"resuming with a change {how}: {key}: {old!r} -> {new!r}", flush=True)
+
+
+def check_fresh_start(output_dir: Path, overwrite: bool, start: RunStart | None) -> None:
     """Refuse a fresh start among another run's checkpoints; with ``overwrite`` remove that run
-    (see the module docstring). ``config_dir``: where Hydra wrote this start's config."""
+    (see the module docstring). ``start``: this start's view of the folder (None: a rank that
+    does not write it)."""
     found = existing_checkpoints(checkpoint_dir(output_dir))
     if found and not overwrite:
         raise ResumeRefused(
@@ -65,28 +134,8 @@ def check_fresh_start(output_dir: Path, overwrite: bool, config_dir: Path | None
             "with ckpt_path=last, pick another run_name, or start it over with overwrite=true "
             "(the previous run's files are deleted)"
         )
-    if overwrite:
-        removed = remove_previous_run(output_dir, config_dir)
+    if overwrite and start is not None:
+        removed = start.start_over()
         if removed:
             print(f"overwrite=true: deleted the previous run's {', '.join(removed)} from "
                   f"{output_dir}", flush=True)  # fmt: skip
-
-
-def remove_previous_run(output_dir: Path, config_dir: Path | None) -> list[str]:
-    """Delete everything in ``output_dir`` but the lock and Hydra's job log (this process is
-    writing it); this start's config files (in ``config_dir``) are written back to ``.hydra/``.
-    Returns the names deleted."""
-    this_start = {}
-    if config_dir is not None and Path(config_dir).is_dir():
-        this_start = {f.name: f.read_bytes() for f in Path(config_dir).iterdir() if f.is_file()}
-    removed = []
-    for entry in sorted(output_dir.iterdir()):
-        if entry.name == LOCK_FILE or entry.suffix == ".log":
-            continue
-        removed.append(entry.name + ("/" if entry.is_dir() else ""))
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    if this_start:
-        (output_dir / HYDRA_DIR).mkdir()
-    for name, data in this_start.items():
-        atomic_write_bytes(output_dir / HYDRA_DIR / name, data)
-    return removed

@@ -20,20 +20,28 @@ from longctx.data.arms import arm_description
 from longctx.distributed.slurm import slurm_plugins
 from longctx.runs.checkpoints import AtomicCheckpointIO, ResumePoint, remove_stale_temp_files
 from longctx.runs.folder import (
+    HydraWrites,
     RunFolderBusy,
     RunFolderLock,
+    RunStart,
     checkpoint_dir,
-    snapshot,
-    undo_start,
+    what_a_stop_kept,
 )
 from longctx.runs.identity import run_identity
 from longctx.runs.record import RunRecord
-from longctx.runs.resume import ResumeRefused, check_fresh_start, resume_point
+from longctx.runs.resume import (
+    TRAINING_KEY,
+    ResumeRefused,
+    check_fresh_start,
+    resume_point,
+    training_settings,
+)
 from longctx.train import console
 from longctx.train.callbacks import SweepStopped, finish_preemption
 from longctx.train.cpu_memory import retain_freed_memory
 from longctx.train.dry_run import dry_run_report
 from longctx.train.loggers import make_loggers
+from longctx.train.nonfinite import NonFiniteStep
 from longctx.train.options import init_from_note
 from longctx.train.preflight import ConfigError, instantiate_config, preflight
 from longctx.train.process import teardown, writes_run_folder
@@ -58,17 +66,20 @@ def main(cfg: DictConfig) -> float | None:
 def run(cfg: DictConfig) -> dict:
     """Train (or dry-run) one configuration; returns the final logged metrics. The process
     that writes the run folder (global rank 0) holds its lock throughout; a refused start
-    takes back what it wrote."""
+    takes back what it added; a run stopped in training keeps its folder."""
     output_dir = Path(cfg.paths.output_dir)
-    lock = RunFolderLock(output_dir).acquire() if writes_run_folder() else None
-    before = snapshot(output_dir)
+    start = RunStart(output_dir, hydra_writes()) if writes_run_folder() else None
+    lock = RunFolderLock(output_dir).acquire() if start is not None else None
     try:
-        metrics = train(cfg, output_dir, holds_folder=lock is not None)
-        if cfg.dry_run and lock is not None:
-            undo_start(output_dir, before)  # a plan writes nothing: no run folder either
+        metrics = train(cfg, output_dir, start)
+        if cfg.dry_run and start is not None:
+            start.undo()  # a plan writes nothing: no run folder either
         return metrics
+    except NonFiniteStep as err:
+        err.kept = what_a_stop_kept(output_dir)  # it trained: what it logged is kept
+        raise
     except USER_ERRORS:
-        if lock is not None and undo_start(output_dir, before):
+        if start is not None and start.undo():
             print(f"removed the run folder {output_dir}: nothing was written", file=sys.stderr)
         raise
     finally:
@@ -76,7 +87,8 @@ def run(cfg: DictConfig) -> dict:
             lock.release()
 
 
-def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
+def train(cfg: DictConfig, output_dir: Path, start: RunStart | None) -> dict:
+    """``start``: this start's view of the run folder; None on a rank that does not write it."""
     console.quiet_lightning()
     model_config = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
@@ -85,7 +97,7 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
     if cfg.dry_run:
         return dry_run_report(model_config, cfg, parallel, device)
     identity = run_identity(model_config, data_config)
-    resume = start_point(cfg, output_dir, identity, holds_folder)
+    resume = start_point(cfg, output_dir, identity, start)
     if device.type == "cpu":
         retain_freed_memory()
     if writes_run_folder():
@@ -107,37 +119,45 @@ def train(cfg: DictConfig, output_dir: Path, holds_folder: bool) -> dict:
 
 
 def start_point(
-    cfg: DictConfig, output_dir: Path, identity: dict, holds_folder: bool
+    cfg: DictConfig, output_dir: Path, identity: dict, start: RunStart | None
 ) -> ResumePoint | None:
-    """The checkpoint to resume from, or None after checking that a fresh start may begin."""
+    """The checkpoint to resume from, or None after checking that a fresh start may begin;
+    then the folder is marked as this run's."""
     allowed = list(cfg.get("allow_resume_changes") or [])
     try:
-        resume = resume_point(cfg.ckpt_path, output_dir, identity, allowed)
-        if holds_folder and resume is None:
-            overwrite = bool(cfg.get("overwrite", False))
-            check_fresh_start(output_dir, overwrite, this_start_config_dir())
+        resume = resume_point(cfg.ckpt_path, output_dir, identity, allowed, training_config(cfg))
+        if start is not None and resume is None:
+            check_fresh_start(output_dir, bool(cfg.get("overwrite", False)), start)
     except ResumeRefused as err:
         raise ConfigError(str(err)) from err
-    if holds_folder:
+    if start is not None:
+        start.claim()
         for path in remove_stale_temp_files(checkpoint_dir(output_dir)):
             print(f"removed {path}: a checkpoint write that never finished", flush=True)
     return resume
 
 
-def this_start_config_dir() -> Path | None:
-    """Where Hydra wrote this start's config (None outside a Hydra app, e.g. in tests)."""
+def hydra_writes() -> HydraWrites:
+    """What Hydra wrote into the run folder for this start (nothing known outside a Hydra app,
+    e.g. in tests)."""
     if not HydraConfig.initialized():
-        return None
+        return HydraWrites()
     hydra = HydraConfig.get()
-    return Path(hydra.runtime.output_dir) / hydra.output_subdir if hydra.output_subdir else None
+    return HydraWrites(config_dir=hydra.output_subdir, job_log=f"{hydra.job.name}.log")
+
+
+def training_config(cfg: DictConfig) -> dict:
+    """The optimizer and schedule settings a resume compares (longctx.runs.resume)."""
+    optim = OmegaConf.to_container(cfg.optim, resolve=True)
+    return training_settings(optim, cfg.trainer.get("max_steps"))
 
 
 def recorded_config(cfg: DictConfig) -> dict:
-    """The resolved model and data config, and the run's group, seed and tags: what the
-    checkpoint's run record keeps."""
+    """The resolved model and data config, the run's group, seed and tags, and its training
+    settings (optimizer, schedule): what the checkpoint's run record keeps."""
     config = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data")}
     run = {"group": cfg.get("group"), "seed": cfg.seed, "tags": list(cfg.get("tags") or [])}
-    return config | {"run": run}
+    return config | {"run": run, TRAINING_KEY: training_config(cfg)}
 
 
 def build_trainer(cfg: DictConfig, output_dir: Path, record: RunRecord) -> L.Trainer:

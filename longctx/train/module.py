@@ -84,6 +84,31 @@ def warmup_cosine_schedule(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def apply_hyperparameters(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    configured: list[dict],
+) -> None:
+    """Give a resumed optimizer the configured hyperparameters. Loading a checkpoint restores its
+    param groups' values (lr, betas, eps, weight_decay, ...) and the schedule's base lrs, so
+    without this a changed value would be recorded but not used. ``configured``: the param
+    groups a fresh optimizer gets from the config. The current lr becomes the configured base lr
+    at the schedule's resumed step (the schedule's own settings come from the config already)."""
+    for i, (group, new) in enumerate(zip(optimizer.param_groups, configured, strict=True)):
+        old_base = group.get("initial_lr", group["lr"])
+        group.update({k: v for k, v in new.items() if k not in ("params", "lr", "initial_lr")})
+        group["initial_lr"] = new["lr"]
+        if scheduler is None:
+            group["lr"] = new["lr"]
+        elif isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            group["lr"] = new["lr"] * scheduler.lr_lambdas[i](scheduler.last_epoch)
+        elif old_base:  # another schedule: scaled by the change of its base
+            group["lr"] *= new["lr"] / old_base
+    if scheduler is not None:
+        scheduler.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices only: norms (1-D) and embeddings are excluded from weight decay."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
@@ -147,6 +172,9 @@ class LongCtxModule(L.LightningModule):
         self.tokens_seen = 0
         self._micro_batch_rows: int | None = None  # seen in training; part of the global batch
         self._resumed_global_batch: GlobalBatch | None = None  # to keep, from a checkpoint
+        self._resumed = (
+            False  # the optimizer's settings come from a checkpoint until on_train_start
+        )
         self._reset_accumulators()
         self.val_position_loss: PositionLoss | None = None
 
@@ -157,6 +185,18 @@ class LongCtxModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         validate_at_optimizer_steps(self.trainer, lambda: self.at_step_boundary)
+
+    def on_train_start(self) -> None:
+        """After a resume (Lightning has loaded the optimizer and schedule state by now): train
+        with the configured optimizer settings, not the checkpoint's (a change was allowed by
+        name before the run began: longctx.runs.resume)."""
+        if not self._resumed:
+            return
+        self._resumed = False
+        configured = self.optimizer_factory(param_groups(self.model, self.weight_decay))
+        optimizer = self.optimizers()
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper
+        apply_hyperparameters(optimizer, self.lr_schedulers(), configured.param_groups)
 
     def rank_shard(self, batch: PackedBatch) -> PackedBatch:
         """This rank's share of the rows under context parallelism; the batch itself without."""
@@ -222,6 +262,7 @@ class LongCtxModule(L.LightningModule):
         state = checkpoint.get("longctx", {})
         self.tokens_seen = state.get("tokens_seen", 0)
         self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
+        self._resumed = True
         if "global_batch" not in state:
             raise ValueError(
                 "the checkpoint has no longctx.global_batch (rows per optimizer step; written "

@@ -2,7 +2,8 @@
 
 One such step would write NaN into every weight and AdamW moment, and every checkpoint after it
 would hold them. The step's gradients are dropped instead, and the run stops with a message
-naming the step, so the last checkpoint stays the last finite state. ``optim.skip_nonfinite=N``
+naming the step, so every checkpoint holds a finite state; the run folder keeps what it logged
+(and the message says whether a checkpoint was written). ``optim.skip_nonfinite=N``
 lets a run skip up to N such steps in total over its life (counted across resumes, as the
 checkpoint records the count) before it stops: a skipped step consumes its batch, applies
 nothing, and does not count towards ``trainer.max_steps`` or the lr schedule.
@@ -15,7 +16,16 @@ import math
 
 
 class NonFiniteStep(ValueError):
-    """A non-finite loss or gradient norm, beyond what ``optim.skip_nonfinite`` allows."""
+    """A non-finite loss or gradient norm, beyond what ``optim.skip_nonfinite`` allows.
+    ``kept``: what the stopped run left (its checkpoints, or only its metrics), said by whoever
+    knows the run folder (longctx.train.app)."""
+
+    def __init__(self, what: str, advice: str) -> None:
+        super().__init__(what, advice)
+        self.what, self.advice, self.kept = what, advice, ""
+
+    def __str__(self) -> str:
+        return "; ".join(part for part in (self.what, self.kept, self.advice) if part)
 
 
 @dataclasses.dataclass
@@ -48,8 +58,7 @@ class NonFiniteGuard:
             else "(optim.skip_nonfinite=0)"
         )
         raise NonFiniteStep(
-            f"{what}: not finite; the run stops {allowance} without applying it, and its "
-            "checkpoints keep the last finite step. Lower optim.optimizer.lr or "
-            "optim.grad_clip, check the data at this step, or set optim.skip_nonfinite=N to "
-            "skip up to N such steps"
+            f"{what}: not finite; the run stops {allowance} without applying it",
+            "lower optim.optimizer.lr or optim.grad_clip, check the data at this step, or set "
+            "optim.skip_nonfinite=N to skip up to N such steps",
         )

@@ -9,7 +9,14 @@ from omegaconf import OmegaConf
 
 from longctx.cli import exit_on_user_error
 from longctx.distributed.slurm import checked_num_nodes, slurm_job_label
-from longctx.runs.folder import config_subdir, newest_resumable_run, sweep_subdir
+from longctx.runs.folder import (
+    check_location,
+    config_subdir,
+    named_run,
+    newest_resumable_run,
+    note_before_hydra,
+    sweep_subdir,
+)
 from longctx.train.preflight import ConfigError
 
 
@@ -26,7 +33,7 @@ def run_dir(runs_dir: str, run_name: str | int, ckpt_path: str | None) -> str:
             f"run_name=\"'{run_name}'\")"
         )
     if run_name != "auto":
-        return str(root / run_name)
+        return str(named_run(root, run_name))
     if ckpt_path == "last":
         found = newest_resumable_run(root)
         if found is None:
@@ -35,8 +42,9 @@ def run_dir(runs_dir: str, run_name: str | int, ckpt_path: str | None) -> str:
                 "pass run_name=<folder> to pick one"
             )
         return str(found)
-    if slurm_job_label() is not None:
-        return str(root / f"slurm-{slurm_job_label()}")
+    if (label := slurm_job_label()) is not None:
+        check_location(root / f"slurm-{label}", root)
+        return str(root / f"slurm-{label}")
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     candidate, n = root / stamp, 1
     while candidate.exists():
@@ -45,12 +53,15 @@ def run_dir(runs_dir: str, run_name: str | int, ckpt_path: str | None) -> str:
 
 
 def run_dir_or_exit(runs_dir: str, run_name, ckpt_path: str | None) -> str:
-    """``hydra.run.dir``: Hydra resolves it before the job starts, where a refusal would come
-    out as its traceback; said here as every other refusal, in one line (exit 2)."""
+    """``hydra.run.dir``: Hydra resolves it before the job starts (and before it makes the
+    folder), where a refusal would come out as its traceback; said here as every other refusal,
+    in one line (exit 2)."""
     try:
-        return run_dir(runs_dir, run_name, ckpt_path)
-    except ConfigError as err:
+        run = run_dir(runs_dir, run_name, ckpt_path)
+    except ValueError as err:  # a ConfigError, a refused folder
         exit_on_user_error(err)
+    note_before_hydra(Path(run))  # before Hydra makes or writes it: what a refusal leaves
+    return run
 
 
 def required_value(key: str, hint: str = "") -> None:
