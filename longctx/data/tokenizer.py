@@ -355,6 +355,8 @@ def check_named_tokenizer(name: str | None, folder: Path, spec: dict) -> None:
         )
 
 
+# the ids of each named tokenizer (what a model's vocabulary must hold)
+TOKENIZER_IDS = {"byte": ByteTokenizer.vocab_size, "llama3": Llama3Tokenizer.vocab_size}
 # BOS ids packing can put before each document, by tokenizer kind (a folder names none)
 _BOS_IDS = {"byte": ByteTokenizer.bos_id, "llama3": Llama3Tokenizer.bos_id}
 

@@ -8,6 +8,7 @@ import torch
 from omegaconf import DictConfig
 
 from longctx import planner
+from longctx.data.tokenizer import TOKENIZER_IDS
 from longctx.distributed.layout import ParallelConfig
 from longctx.model.attention import resolve_backend
 from longctx.model.interface import ModelSpec
@@ -31,6 +32,7 @@ def dry_run_report(
         f"dry run: {params:,} parameters, about {report['training_memory_gib_per_device']:,.1f} "
         f"GiB for weights, gradients and AdamW state; nothing allocated"
     )
+    print(vocabulary_line(model_config.vocab_size, cfg.data.get("tokenizer")))
     if not model_config.plans_capacity:
         print("capacity plan: covers longctx's Llama (model=tiny/llama3_*) only")
         return report
@@ -48,6 +50,19 @@ def dry_run_report(
         raise ConfigError(str(err)) from err
     print(planner.format_plan(capacity))
     return report | {"plan": planner.plan_dict(capacity)}
+
+
+def vocabulary_line(vocab_size: int, tokenizer: str | None) -> str:
+    """The vocabulary the plan is made with (its embeddings, output projection and loss chunks);
+    a named tokenizer (data.tokenizer) with more ids than the model holds is refused."""
+    ids = TOKENIZER_IDS.get(tokenizer)
+    if ids is not None and ids > vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size}: data.tokenizer={tokenizer} has {ids:,} ids; "
+            "expected a model vocabulary >= the tokenizer's (e.g. model=tiny_llama3 or llama3_*)"
+        )
+    named = f" (data.tokenizer={tokenizer}: {ids:,} ids)" if ids is not None else ""
+    return f"vocabulary: {vocab_size:,} ids{named}"
 
 
 def planner_layout(
