@@ -91,13 +91,26 @@ def lay_out(
     haystack=None, qa: dict | None = None, digits: int = legacy.DIGITS,
 ) -> tuple[Layout, Assembled]:  # fmt: skip
     """One instance of ``task`` at ``length``: its layout and its prompt of exactly
-    ``length - tokens_to_generate`` tokens; DoesNotFit when the length cannot hold it."""
-    budget = length - task.tokens_to_generate
-    if budget < 1:
-        raise DoesNotFit(f"it generates {task.tokens_to_generate} tokens")
-    draw = Draw(rng, enc, budget, length, depth, haystack, qa, digits)
-    layout = task.build(draw)
-    if len(layout.answer) > task.tokens_to_generate:  # a task's own bound, not an input
-        raise AssertionError(f"{task.name}: answer of {len(layout.answer)} tokens")
+    ``length - max(tokens_to_generate, answer tokens)`` tokens, so that both the generation
+    and the teacher-forced answer fit the length; DoesNotFit when the length cannot hold it.
+
+    An answer longer than the generation budget (cwe's ten numbered words under a byte
+    tokenizer) shortens the prompt: the task is laid out again from the same random state,
+    whose answer is drawn before anything that depends on the budget."""
+
+    def build(budget: int) -> Layout:
+        if budget < 1:
+            raise DoesNotFit(f"it generates {length - budget} tokens")
+        return task.build(Draw(rng, enc, budget, length, depth, haystack, qa, digits))
+
+    state = rng.getstate()
+    layout = build(length - task.tokens_to_generate)
+    reserve = max(task.tokens_to_generate, len(layout.answer))
+    if reserve > task.tokens_to_generate:
+        rng.setstate(state)
+        layout = build(length - reserve)
+        if len(layout.answer) != reserve:  # the answer is drawn before the budget matters
+            raise AssertionError(f"{task.name}: the answer changed with the budget")
+    budget = length - reserve
     units = None if haystack is None else haystack.units(enc, rng, " ")
     return layout, assemble(layout, budget, units)

@@ -1,7 +1,9 @@
 """One evaluation instance: the prompt, the expected answer after it, and what it was made of.
 
-An instance of length ``L`` has a prompt of exactly ``L - tokens_to_generate`` tokens (RULER's
-budget: the prompt and the generation fit L), then the answer's ``answer_len`` tokens.
+An instance of length ``L`` has a prompt of exactly ``L - max(tokens_to_generate, answer_len)``
+tokens (RULER's budget: the prompt and the generation fit L; so does the teacher-forced answer,
+which is longer than the generation only for cwe under a byte tokenizer), then the answer's
+``answer_len`` tokens.
 Generation reads ``prompt``; the teacher-forced mode reads ``tokens[:-1]`` and scores the
 argmax at every answer token (``labels()``), a stricter lower bound on RULER's score.
 An instance is a pure function of (task, length, depth, seed, sample, tokenizer, haystack,
@@ -69,7 +71,8 @@ class Instance:
 
     @property
     def prompt(self) -> np.ndarray:
-        """int64 [length - tokens_to_generate]: everything the model reads before generating."""
+        """int64 [length - max(tokens_to_generate, answer_len)]: everything the model reads
+        before generating (template, context, question and answer prefix)."""
         return self.tokens[: len(self.tokens) - self.answer_len]
 
     def labels(self) -> np.ndarray:
