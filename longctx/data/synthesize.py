@@ -121,7 +121,8 @@ def document(name: str, index: int, seed: int, tokenizer, lengths, haystack) -> 
         if layout.fixed_tokens > high:
             raise RulerInputError(f"{name} does not fit --max-length {high}; raise it")
         length = max(length, layout.fixed_tokens)  # a short draw still holds one needle
-        tokens = assemble(layout, length, haystack.units(enc, rng, " ")).prompt
+        filler = haystack.tokens(enc, rng, length)  # needles at any token, not per sentence
+        tokens = assemble(layout, length, (filler[i : i + 1] for i in range(length))).prompt
     else:
         tokens = _instance_tokens(TASKS[name], tokenizer, length, high, rng, haystack)
     return np.append(tokens, tokenizer.eos_id).astype(np.int64)
