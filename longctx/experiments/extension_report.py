@@ -6,8 +6,11 @@ on the long held-out documents per octave ending at 1x, 2x and 4x the arm's leng
 accuracy by length. Prints a Markdown table, and each arm's paired difference from the
 ``unchanged`` arm per octave with a 95% bootstrap interval over the held-out documents (the
 same documents scored by both arms); writes both to ``--json`` and draws the per-position curves
-of every arm to ``--out``. The intervals cover document sampling only: one training seed per arm
-(see longctx.experiments.ablation for the training-noise floor of a run this size).
+of every arm to ``--out``. SWEEP may hold several training seeds' sweeps: the intervals then come
+from the hierarchical bootstrap of longctx.experiments.statistics (seeds, then documents within
+each; paired by seed with ``unchanged``, whose seed s continued the same stage 1); with one seed
+they cover document sampling only. Beside the JSON: the per-document octave losses
+(``_instances.csv.gz``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pandas as pd
 
 from longctx.cli import command
 from longctx.eval.long_documents import octave_starts
-from longctx.experiments.ablation import bootstrap_difference, interval
+from longctx.experiments import statistics as st
 
 ARM_KEY = "rope_arm="
 BASELINE = "unchanged"
@@ -54,13 +57,6 @@ def arm_results(folder: Path) -> dict:
     return row
 
 
-def curve(folder: Path) -> pd.DataFrame:
-    """Token-weighted loss per log2 in-document bucket on the long held-out documents."""
-    records = pd.read_csv(folder / "eval" / "long_documents.csv")
-    sums = records.groupby("bucket_start")[["loss_sum", "tokens"]].sum()
-    return (sums["loss_sum"] / sums["tokens"]).rename("loss").reset_index()
-
-
 def octave_sums(folder: Path, seq_len: int, multiple: int) -> pd.DataFrame:
     """Per document: the loss sum over the octave [m L/2, m L) and its tokens, as the arm's
     evaluation scored them (longctx.eval.long_documents.octave_starts)."""
@@ -69,28 +65,42 @@ def octave_sums(folder: Path, seq_len: int, multiple: int) -> pd.DataFrame:
     return octave.groupby("doc")[["loss_sum", "tokens"]].sum()
 
 
+def octave_sample(folders: dict[int, Path], seq_len: int, multiple: int) -> st.ArmSample:
+    """One arm's octave loss sums over tokens, [training seeds, documents]."""
+    frames = [octave_sums(f, seq_len, multiple).reset_index().assign(seed=seed)
+              for seed, f in folders.items()]  # fmt: skip
+    return st.arm_sample(pd.concat(frames), "loss_sum", "tokens", ["doc"])
+
+
 def paired_differences(
-    folders: dict[str, Path], seq_len: int, n_boot: int = 10_000, seed: int = 0
+    runs: dict[str, dict[int, Path] | Path], seq_len: int, n_boot: int = 10_000, seed: int = 0
 ) -> list[dict]:
-    """Each arm minus the unchanged-RoPE arm per octave, paired over the same documents."""
-    if BASELINE not in folders:
+    """Each arm minus the unchanged-RoPE arm per octave, over the same documents and, where the
+    arms share their training seeds (stage 2 of seed s continues stage 1 of seed s), paired by
+    seed (the hierarchical bootstrap of longctx.experiments.statistics). ``runs``: arm ->
+    {training seed: run folder} (a folder alone: one seed)."""
+    runs = {arm: f if isinstance(f, dict) else {0: f} for arm, f in runs.items()}
+    if BASELINE not in runs:
         return []
     rng = np.random.default_rng(seed)
     rows = []
     for multiple in MULTIPLES:
-        base = octave_sums(folders[BASELINE], seq_len, multiple)
-        for arm, folder in folders.items():
+        base = octave_sample(runs[BASELINE], seq_len, multiple)
+        for arm, folders in runs.items():
             if arm == BASELINE:
                 continue
-            other = octave_sums(folder, seq_len, multiple)
-            if not other["tokens"].equals(base["tokens"]):
-                raise ValueError(f"{folder}: its long documents are not {BASELINE}'s; re-evaluate")
-            sums = other["loss_sum"].to_numpy()[None], base["loss_sum"].to_numpy()[None]
-            tokens = base["tokens"].to_numpy()
-            replicates = bootstrap_difference(*sums, tokens, n_boot, rng)
-            delta = float((sums[0] - sums[1]).sum() / tokens.sum())
-            rows.append({"arm": arm, "multiple": multiple, "delta": delta,
-                         "ci95": list(interval(replicates)), "documents": len(tokens)})  # fmt: skip
+            other = octave_sample(folders, seq_len, multiple)
+            if other.instances != base.instances or not np.array_equal(
+                other.weights[0], base.weights[0]
+            ):
+                raise ValueError(
+                    f"{arm} ({sorted(map(str, folders.values()))[0]}): its long documents are "
+                    f"not {BASELINE}'s; re-evaluate"
+                )
+            row = st.difference(other, base, n_boot, rng, st.shares_seeds(other, base))
+            rows.append({"arm": arm, "multiple": multiple, "delta": row["delta"],
+                         "ci95": row["ci"], "paired": row["paired"], "seeds": row["seeds"],
+                         "documents": len(base.instances)})  # fmt: skip
     return rows
 
 
@@ -138,33 +148,66 @@ def plot(arms: dict[str, pd.DataFrame], seq_len: int, out: Path, title: str) -> 
     fig.savefig(out, dpi=120)
 
 
+def arm_runs(root: Path) -> list[tuple[str, int, Path]]:
+    """(arm, training seed, folder) of every context_extension arm under ``root``: one sweep
+    folder, or a folder of several seeds' sweeps (seed<S>/multirun/train/<time>/rope_arm=...)."""
+    from longctx.experiments.runs import find_runs, run_settings
+
+    found = [f for f in find_runs(root) if ARM_KEY in f.name]
+    if not found:
+        raise FileNotFoundError(
+            f"{root} holds no rope_arm=... run folders; expected the multirun folder of "
+            "experiment=context_extension (or a folder of several seeds' sweeps)"
+        )
+    return [(arm_name(f), int(run_settings(f)["run"].get("seed", 0)), f) for f in found]
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m longctx.experiments.extension_report")
-    p.add_argument("sweep", type=Path, help="the multirun folder of experiment=context_extension")
+    p.add_argument("sweep", type=Path,
+                   help="the multirun folder of experiment=context_extension, or a folder of "
+                        "several seeds' sweeps")  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="figure (default: SWEEP/extension.png)")
     p.add_argument("--json", type=Path, default=None, help="table + notes (SWEEP/extension.json)")
     p.add_argument("--note", default="", help="a line for the figure title and the JSON")
     args = p.parse_args(argv)
-    folders = sorted(f for f in args.sweep.iterdir() if f.is_dir() and ARM_KEY in f.name)
-    if not folders:
-        raise FileNotFoundError(
-            f"{args.sweep} holds no rope_arm=... run folders; expected the "
-            "multirun folder of experiment=context_extension"
-        )
-    rows = [arm_results(f) for f in folders]
+    found = arm_runs(args.sweep)
+    rows = [{**arm_results(f), "seed": seed} for _, seed, f in found]
     seq_len = rows[0]["seq_len"]
-    plot({r["arm"]: curve(f) for r, f in zip(rows, folders, strict=True)}, seq_len,
+    runs: dict[str, dict[int, Path]] = {}
+    for arm, seed, folder in found:
+        runs.setdefault(arm, {})[seed] = folder
+    plot({arm: pooled_curve(list(by_seed.values())) for arm, by_seed in runs.items()}, seq_len,
          args.out or args.sweep / "extension.png",
          f"long held-out documents, per position; {args.note}")  # fmt: skip
-    differences = paired_differences({r["arm"]: f for r, f in zip(rows, folders, strict=True)},
-                                     seq_len)  # fmt: skip
+    differences = paired_differences(runs, seq_len)
     table = markdown(rows)
     if differences:
         table += "\n\n" + differences_markdown(differences)
     print(table)
+    path = args.json or args.sweep / "extension.json"
     report = {"note": args.note, "arms": rows, "differences": differences, "markdown": table}
-    (args.json or args.sweep / "extension.json").write_text(json.dumps(report, indent=2) + "\n")
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    write_per_document(runs, seq_len, path)
     return rows
+
+
+def pooled_curve(folders: list[Path]) -> pd.DataFrame:
+    """The arm's per-position curve over all its seeds' documents."""
+    records = pd.concat([pd.read_csv(f / "eval" / "long_documents.csv") for f in folders])
+    sums = records.groupby("bucket_start")[["loss_sum", "tokens"]].sum()
+    return (sums["loss_sum"] / sums["tokens"]).rename("loss").reset_index()
+
+
+def write_per_document(runs: dict[str, dict[int, Path]], seq_len: int, path: Path) -> Path:
+    """Beside the JSON: per arm, seed, octave and document, the loss sum and tokens (what the
+    differences are recomputed from)."""
+    frames = [octave_sums(f, seq_len, m).reset_index().assign(arm=arm, seed=seed, multiple=m)
+              for arm, by_seed in runs.items() for seed, f in by_seed.items()
+              for m in MULTIPLES]  # fmt: skip
+    out = path.with_name(path.stem + "_instances.csv.gz")
+    st.write_per_instance(pd.concat(frames, ignore_index=True), out)
+    return out
 
 
 cli = command(main)  # the console script and python -m: one-line errors, exit 2
