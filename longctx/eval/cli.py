@@ -39,6 +39,7 @@ from longctx.eval.probes import (
 )
 from longctx.eval.ruler.callback import default_lengths as default_ruler_lengths
 from longctx.eval.ruler.instances import RulerInputError
+from longctx.eval.ruler.scoring import GENERATE, SCORING_MODES
 from longctx.eval.ruler.suite import SuiteSettings, run_suite
 from longctx.runs.folder import run_folder_of
 from longctx.runs.record import read_stored_run
@@ -166,6 +167,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="books (the embedded held-out books), noise, or a prepared folder",
     )
     r.add_argument(
+        "--qa-data",
+        default=None,
+        help="a folder with RULER's squad.json (qa_1) and/or hotpotqa.json (qa_2); without it "
+        "qa_1 and qa_2 are skipped (nothing is downloaded)",
+    )
+    r.add_argument(
+        "--scoring",
+        choices=SCORING_MODES,
+        default=GENERATE,
+        help="generate: greedy generation scored with RULER's metrics (default); teacher_forced: "
+        "every answer token the argmax, one forward pass (a stricter lower bound)",
+    )
+    r.add_argument(
         "--write-instances",
         action="store_true",
         help="also write every instance's text and answer (ruler_instances.jsonl)",
@@ -190,6 +204,8 @@ def run(args: argparse.Namespace) -> dict:
         check_factor(args.long_factor)
         lengths = args.lengths or default_ruler_lengths(data_config.seq_len, args.long_factor)
         settings = suite_settings(args, lengths)
+        # the relative effective length is anchored at the training length, when evaluated
+        settings.anchor = data_config.seq_len if data_config.seq_len in lengths else None
         settings.check(model_config.max_seq_len, "--lengths")
     else:
         check_lengths(args, model_config.max_seq_len, data_config.seq_len)
@@ -252,7 +268,7 @@ def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> N
 def suite_settings(args: argparse.Namespace, lengths: Sequence[int]) -> SuiteSettings:
     return SuiteSettings(
         args.tasks, list(lengths), args.depths, args.samples, args.seed, args.haystack,
-        args.probe_batch_size, args.write_instances,
+        args.probe_batch_size, args.write_instances, args.scoring, qa_data=args.qa_data,
     )  # fmt: skip
 
 

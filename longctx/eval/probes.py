@@ -90,8 +90,9 @@ def score_probes(
 ) -> list[dict]:
     """Per probe: length, depth, sample, passkey, correct (all answer tokens), token_accuracy."""
     keys = ("length", "depth", "sample", "passkey", "correct", "token_accuracy")
-    rows = score_instances(model, probes, batch_size, device)
-    return [{k: r["answer"] if k == "passkey" else r[k] for k in keys} for r in rows]
+    rows = score_instances(model, probes, batch_size, device)  # teacher-forced
+    named = {"passkey": "answer", "correct": "correct_teacher_forced"}
+    return [{k: r[named.get(k, k)] for k in keys} for r in rows]
 
 
 def accuracy_table(results: Sequence[dict]) -> list[dict]:

@@ -26,7 +26,7 @@ def trained_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rulerrun")
     run_train([*FAST, "run_name=r", "model=tiny_long", "logger=wandb", "callbacks=ruler",
                "data.seq_len=256", "trainer.max_steps=2", "trainer.val_check_interval=1",
-               "callbacks.ruler.tasks=[passkey,copy]", "callbacks.ruler.lengths=[96,128]",
+               "callbacks.ruler.tasks=[lc_passkey,lc_copy]", "callbacks.ruler.lengths=[128,256]",
                "callbacks.ruler.depths=[0.0,1.0]", "callbacks.ruler.samples=2"], tmp)  # fmt: skip
     return tmp / "outputs" / "train" / "r"
 
@@ -38,8 +38,12 @@ def test_the_callback_logs_the_suite_and_its_wandb_table(trained_run):
     logged = pd.read_csv(trained_run / "csv" / "metrics.csv")
     for row in report["lengths"]:
         column = logged[f"val/ruler/{row['task']}/{row['length']}"].dropna()
-        assert len(column) == 2 and column.iloc[-1] == pytest.approx(row["accuracy"])
-    assert logged["val/effective_length"].dropna().iloc[-1] == (report["effective_length"] or 0)
+        assert len(column) == 2 and column.iloc[-1] == pytest.approx(row["score"])
+    # no RULER task, so no RULER effective length; the relative one, anchored at seq_len 256
+    relative = report["effective_length"]["relative"]
+    assert report["effective_length"]["ruler"] is None and "val/effective_length" not in logged
+    assert relative["anchor"] == 256
+    assert logged["val/effective_length_relative"].dropna().iloc[-1] == (relative["length"] or 0)
     results = pd.read_csv(trained_run / "eval" / "ruler_results.csv")
     assert sorted(results["step"].unique()) == [1, 2] and len(results) == 2 * 16
 
@@ -52,7 +56,7 @@ def test_the_callback_logs_the_suite_and_its_wandb_table(trained_run):
     expected = pd.DataFrame(report["cells"])
     keys = ["task", "length", "depth", "n"]
     assert tables[-1][keys].values.tolist() == expected[keys].values.tolist()
-    assert np.allclose(tables[-1]["accuracy"], expected["accuracy"])
+    assert np.allclose(tables[-1]["score"], expected["score"])
     assert np.allclose(tables[-1]["ci_high"], expected["ci_high"])
 
 
@@ -68,7 +72,7 @@ def test_an_export_scores_as_the_run_it_came_from(trained_run, tmp_path):
 
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     hf = export(ckpt, tmp_path / "hf").folder  # max_position_embeddings: the trained 256
-    common = ["--suite", "ruler", "--tasks", "passkey,niah_single,copy", "--lengths", "200",
+    common = ["--suite", "ruler", "--tasks", "lc_passkey,lc_niah_single,lc_copy", "--lengths", "200",
               "--depths", "0", "1", "--samples", "3", "--cache-dir", str(CACHE_DIR)]  # fmt: skip
     ours = cli.main([str(ckpt), "--out", str(tmp_path / "ours"), *common])
     theirs = cli.main(["--hf", str(hf), "--out", str(tmp_path / "theirs"), *common])
@@ -80,9 +84,9 @@ def test_an_export_scores_as_the_run_it_came_from(trained_run, tmp_path):
 
     stored = read_stored_run(ckpt)
     model_config, _ = cli.load_configs(stored, None, None, None)
-    model = cli.load_model(stored.contents, ckpt, model_config, "cpu")
+    model = cli.load_model(stored, model_config, "cpu")
     scorer, _, _ = load_hf_folder(hf)
-    batch = instance_batch(make_instances(TOK, ["copy"], [200], [0.5], 2, haystack="noise"))
+    batch = instance_batch(make_instances(TOK, ["lc_copy"], [200], [0.5], 2, haystack="noise"))
     with torch.no_grad():
         expected = answer_logits(model, batch)
         assert_close_scaled(answer_logits(scorer, batch), expected)
@@ -98,5 +102,5 @@ def test_the_command_line_refuses_lengths_past_rope_and_unknown_tasks(trained_ru
         capsys.readouterr().err
     )
     with pytest.raises(SystemExit):
-        cli.cli([ckpt, "--suite", "ruler", "--tasks", "passkey,bogus"])
+        cli.cli([ckpt, "--suite", "ruler", "--tasks", "lc_passkey,bogus"])
     assert "error: unknown task ('bogus')" in capsys.readouterr().err

@@ -3,7 +3,8 @@
 The instances are generated once at setup from fixed arguments (their ``seed`` is the suite's,
 not the run's: every arm and training seed of a sweep is scored on the same instances, so their
 differences are paired). A length beyond model.max_seq_len, an unknown task, a depth outside
-[0, 1], a length too short for a task and a missing haystack are refused there, before training.
+[0, 1] and a missing haystack are refused there, before training; a length too short for a task
+(and qa without its data) is skipped and said, so the defaults run at any seq_len.
 
 Scoring: ``teacher_forced`` by default (one forward pass per batch: every answer token the argmax,
 a stricter lower bound of RULER's metric), ``generate`` for RULER's own (greedy generation from
@@ -31,12 +32,13 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from longctx.distributed.context_parallel import data_parallel_rank_and_size
 from longctx.distributed.cp_balance import rank_unit
 from longctx.eval.files import append_rows, write_json
 from longctx.eval.long_documents import check_eval_length, check_factor, multiples
-from longctx.eval.ruler.generate import make_instances
+from longctx.eval.ruler.generate import plan_instances
 from longctx.eval.ruler.scoring import TEACHER_FORCED, check_mode, score_instances, summarize
 
 TABLE_KEY = "val/ruler_table"
@@ -62,7 +64,10 @@ class RulerEval(L.Callback):
         every_n_validations: int = 1,
         out_dir: str | None = None,
         scoring: str = TEACHER_FORCED,
+        qa_data: str | None = None,
     ) -> None:
+        """qa_data: a folder with RULER's squad.json / hotpotqa.json (qa_1, qa_2); without it
+        they are skipped and said, as a length too short for a task is."""
         check_factor(factor)
         self.scoring = check_mode(scoring)
         if every_n_validations < 1:
@@ -71,6 +76,7 @@ class RulerEval(L.Callback):
         self.depths, self.samples, self.seed = list(depths), samples, seed
         self.haystack, self.batch_size = haystack, batch_size
         self.every_n_validations, self.out_dir = every_n_validations, out_dir
+        self.qa_data = qa_data
         self.instances: list | None = None
         self.tokenizer = None
         self.anchor: int | None = None  # the training length, when evaluated
@@ -85,10 +91,12 @@ class RulerEval(L.Callback):
             check_eval_length(n, pl_module.model_config.max_seq_len, "RulerEval length")
         self.tokenizer = load_tokenizer(dm.manifest.tokenizer)
         self.anchor = dm.config.seq_len if dm.config.seq_len in lengths else None
-        self.instances = make_instances(
-            self.tokenizer, self.tasks, lengths, self.depths,
-            self.samples, self.seed, self.haystack, dm.config.cache_dir,
+        plan = plan_instances(
+            self.tokenizer, self.tasks, lengths, self.depths, self.samples, self.seed,
+            self.haystack, dm.config.cache_dir, qa_data=self.qa_data,
         )  # fmt: skip
+        rank_zero_info(f"RulerEval: {plan.describe()}")
+        self.instances = plan.instances
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:

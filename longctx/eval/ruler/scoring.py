@@ -257,6 +257,7 @@ def result_row(instance: Instance, hit: Tensor) -> dict:
         "score": float(correct),
         "correct_teacher_forced": correct,
         "token_accuracy": float(answer.float().mean()),
+        "answer": instance.answer,
         "prediction": None,
         "references": json.dumps(list(instance.references)),
         "distance": instance.distance,

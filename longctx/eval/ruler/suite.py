@@ -1,9 +1,12 @@
 """One scoring of the suite, written out: what ``python -m longctx.eval ... --suite ruler`` runs.
 
+Scored by generation by default (RULER's way: greedy text, RULER's metric), teacher-forced with
+``scoring="teacher_forced"`` (the stricter lower bound; longctx.eval.ruler.scoring).
 Into ``out``: ``ruler.json`` (the settings, the instances' digest, every table and the effective
-length with its rule), ``ruler_results.csv`` (one row per instance), ``ruler_cells.csv`` (task x
-length x depth with 95% CIs), ``ruler_lengths.csv``, ``ruler_suite.csv``, ``ruler_copy_curve.csv``
-and, when asked, ``ruler_instances.jsonl`` (each instance's text and answer).
+lengths with their rules and intervals), ``ruler_results.csv`` (one row per instance: prediction,
+references, score, correct_teacher_forced ...), ``ruler_cells.csv`` (task x length x depth with
+95% CIs), ``ruler_lengths.csv``, ``ruler_suite.csv``, ``ruler_copy_curve.csv`` and, when asked,
+``ruler_instances.jsonl`` (each instance's text and answer).
 """
 
 from __future__ import annotations
@@ -14,9 +17,17 @@ from pathlib import Path
 
 from longctx.eval.files import write_json, write_rows
 from longctx.eval.long_documents import check_eval_length
-from longctx.eval.ruler.generate import DEFAULT_DEPTHS, check_depth, check_tasks, make_instances
+from longctx.eval.ruler.generate import (
+    DEFAULT_DEPTHS,
+    NO_QA_DATA,
+    check_depth,
+    check_tasks,
+    plan_instances,
+    resolve_qa,
+)  # fmt: skip
 from longctx.eval.ruler.instances import RulerInputError, tokens_digest, write_instances
-from longctx.eval.ruler.scoring import score_instances, summarize
+from longctx.eval.ruler.scoring import GENERATE, check_mode, score_instances, summarize
+from longctx.eval.ruler.tasks import TASKS
 
 
 @dataclasses.dataclass
@@ -29,11 +40,26 @@ class SuiteSettings:
     haystack: str = "books"
     batch_size: int = 4
     write_instances: bool = False
+    scoring: str = GENERATE
+    # the length the relative effective length is anchored at (a run's training length);
+    # None: RULER's effective length only
+    anchor: int | None = None
+    qa_data: str | None = None  # a folder with RULER's squad.json / hotpotqa.json (qa_1, qa_2)
 
     def check(self, max_positions: int | None, what: str) -> None:
         """Every refusal before a model is loaded: tasks, depths, lengths within RoPE."""
+        named = self.tasks is not None
         self.tasks = check_tasks(self.tasks)
+        if self.qa_data is not None:
+            resolve_qa(self.qa_data)  # a folder in the wrong form: one line, before any model
+        else:
+            asked_qa = [t for t in self.tasks if TASKS[t].reads == "qa"]
+            if named and asked_qa:
+                raise RulerInputError(
+                    f"{', '.join(asked_qa)} need --qa-data DIR ({NO_QA_DATA}); pass it or drop them"
+                )
         self.depths = [check_depth(d) for d in self.depths]
+        check_mode(self.scoring)
         if not self.lengths:
             raise RulerInputError("--lengths is empty; expected context lengths in tokens")
         for n in self.lengths:
@@ -44,15 +70,22 @@ class SuiteSettings:
 def run_suite(model, tokenizer, settings: SuiteSettings, out: Path, device="cpu", cache_dir=None):
     """Generate, score, summarise and write; returns the summary (also ``out/ruler.json``)."""
     s = settings
-    instances = make_instances(
-        tokenizer, s.tasks, s.lengths, s.depths, s.samples, s.seed, s.haystack, cache_dir
+    plan = plan_instances(
+        tokenizer, s.tasks, s.lengths, s.depths, s.samples, s.seed, s.haystack, cache_dir,
+        qa_data=s.qa_data,
+    )  # fmt: skip
+    print(plan.describe())  # which tasks ran, which were skipped (a length too short, no data)
+    instances = plan.instances
+    results = score_instances(
+        model, instances, s.batch_size, device, scoring=s.scoring, tokenizer=tokenizer
     )
-    results = score_instances(model, instances, s.batch_size, device)
-    report = summarize(results)
+    report = summarize(results, s.anchor)
     summary = {
         "settings": {**dataclasses.asdict(s), "instance_seed": s.seed},
         "instances": len(instances),
         "instances_sha256": tokens_digest(instances),
+        "ran": list(dict.fromkeys(i.task for i in instances)),
+        "skipped": plan.skipped,
         **report,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -69,17 +102,37 @@ def run_suite(model, tokenizer, settings: SuiteSettings, out: Path, device="cpu"
 
 
 def format_summary(summary: dict) -> str:
-    """Accuracy per task and length (over depths) as a Markdown table, then the effective length."""
+    """Score per task and length (over depths) as a Markdown table, then the effective lengths."""
     lengths = [r["length"] for r in summary["suite"]]
     lines = ["| task | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---|" * len(lengths)]
     for name in dict.fromkeys(r["task"] for r in summary["lengths"]):
         cells = {r["length"]: r for r in summary["lengths"] if r["task"] == name}
-        lines.append(f"| {name} | " + " | ".join(_acc(cells[n]) for n in lengths) + " |")
-    lines.append("| mean | " + " | ".join(f"{r['accuracy']:.2f}" for r in summary["suite"]) + " |")
-    rule = summary["effective_length_rule"]
-    value = summary["effective_length"] or "none (below the threshold at every length)"
-    return "\n".join(lines) + f"\n\neffective length {value}: {rule['rule']}"
+        lines.append(f"| {name} | " + " | ".join(_cell(cells.get(n)) for n in lengths) + " |")
+    lines.append("| mean | " + " | ".join(f"{r['score']:.2f}" for r in summary["suite"]) + " |")
+    scoring = ", ".join(summary["scoring"])
+    lines += ["", f"scoring: {scoring}" + (_LOWER_BOUND if scoring == "teacher_forced" else "")]
+    return "\n".join(lines + effective_length_lines(summary["effective_length"]))
 
 
-def _acc(row: dict) -> str:
-    return f"{row['accuracy']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+_LOWER_BOUND = " (every answer token the argmax: a stricter lower bound of RULER's metric)"
+
+
+def effective_length_lines(found: dict) -> list[str]:
+    """RULER's effective length and, beside it, the relative one, with their 95% intervals."""
+    lines = []
+    for key in ("ruler", "relative"):
+        if found.get(key) is None:
+            continue
+        value = found[key]["length"] or "none (below the threshold at every length)"
+        low, high = (v or "none" for v in found[key]["ci"])
+        lines.append(f"{key} effective length {value} [{low}, {high}]: {found[key]['rule']}")
+    return lines or [
+        "effective length: none computed (no RULER task scored, no training length to anchor "
+        "the relative rule)"
+    ]
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    return f"{row['score']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
