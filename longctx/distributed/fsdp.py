@@ -21,7 +21,8 @@ from torch import nn
 
 from longctx.dtypes import dtype_named
 
-FORWARD_METHODS = ("loss", "token_loss")
+# loss / token_loss: training and validation; prefill / decode: generation from the KV cache
+FORWARD_METHODS = ("loss", "token_loss", "prefill", "decode")
 SHARDED_META_FILE = "meta.pt"  # Lightning's: a sharded checkpoint's non-tensor state
 
 
