@@ -232,6 +232,31 @@ class HFCausalLM(PackedCausalLM):
         self._check_dispatch(ctx)
         return out.last_hidden_state
 
+    @torch.no_grad()
+    def generate_from_batch(self, batch: PackedBatch, max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuation (one beam, no sampling, stopping at the model's EOS) of rows of
+        one document each, the suite's prompts: transformers' own generate and KV cache, under
+        its sdpa (or eager) attention, since generate's decode steps carry no PackedBatch for
+        the longctx function, and one document per row needs no document mask."""
+        if (batch.seq_lens[:, 1:] != 0).any():
+            raise ValueError("HFCausalLM generates rows of one document each (no packed segments)")
+        plain = "sdpa" if getattr(self.hf_model, "_supports_sdpa", False) else "eager"
+        config = self.hf_model.generation_config
+        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+        self.hf_model.set_attn_implementation(plain)
+        try:
+            out = self.hf_model.generate(
+                input_ids=batch.tokens,
+                attention_mask=torch.ones_like(batch.tokens),
+                do_sample=False,
+                num_beams=1,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad,
+            )
+        finally:
+            self.hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        return out[:, batch.tokens.shape[1] :].tolist()
+
     def estimate_flops(self, seq_lens: Tensor) -> float:
         """Forward + backward FLOPs: 6 x matmul parameters per token, attention within documents."""
         return estimate_hf_flops(self.config, self.hf_model, seq_lens)

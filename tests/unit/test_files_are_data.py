@@ -284,3 +284,39 @@ def test_missing_index_and_truncated_index_are_one_line(tmp_path):
     with pytest.raises(ValueError, match="has no .metadata") as err:
         read_dcp_metadata(folder)
     one_line(err)
+
+
+# --------------------------------------------------------------------------- records vs weights
+def test_a_record_that_does_not_fit_its_weights_is_refused_before_allocating(tmp_path, monkeypatch):
+    """A record naming llama3_8b over a small model's tensors: export refuses it from the
+    checkpoint's shapes, before a model is allocated (it used to allocate 16 GiB first)."""
+    from longctx.model.llama import Llama
+    from longctx.runs.record import CHECKPOINT_KEY
+
+    run_folder = make_run(tmp_path)
+    ckpt = run_folder / "checkpoints" / "last.ckpt"
+    contents = torch.load(ckpt, weights_only=True)
+    model = contents[CHECKPOINT_KEY]["config"]["model"]
+    for field in ("dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):  # 2 layers kept
+        model.pop(field, None)
+    model["name"] = "llama3_8b"
+    torch.save(contents, ckpt)
+
+    def allocates(self, *args, **kwargs):
+        raise AssertionError("a model was allocated before the shapes were checked")
+
+    monkeypatch.setattr(Llama, "to_empty", allocates)
+    with pytest.raises(ValueError, match="does not fit its weights") as err:
+        export(run_folder, tmp_path / "out")
+    assert "tok_embeddings.weight: model (128256, 4096) vs checkpoint (300, 64)" in one_line(err)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="tensor shapes differ from the model config's"):
+        eval_cli.main([str(run_folder), "--no-probe", "--cache-dir", str(CACHE_DIR)])
+
+
+@pytest.mark.parametrize("record", [{}, {"checkpoint": 3}, [], {"checkpoint": "x"}])
+def test_an_export_record_without_its_fields_is_one_line(tmp_path, record):
+    (tmp_path / "longctx_export.json").write_text(__import__("json").dumps(record))
+    with pytest.raises(ValueError, match=r"longctx_export\.json has no valid") as err:
+        verify(tmp_path)
+    assert "re-export" in one_line(err)
