@@ -14,13 +14,13 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "setup: CUDA GPU found, installing CUDA torch and the gpu extra"
   "${pip[@]}" install -q torch
-  "${pip[@]}" install -q -e ".[dev,slurm,eval]"
+  "${pip[@]}" install -q -e ".[dev,slurm,eval,llama3]"
   "${pip[@]}" install -q --no-build-isolation -e ".[gpu]" \
     || echo "setup: flash-attn did not build; the flex and sdpa backends remain" >&2
 else
   echo "setup: no GPU, installing the CPU torch wheel ($CPU_TORCH)"
   "${pip[@]}" install -q "$CPU_TORCH"
-  "${pip[@]}" install -q -e ".[dev,slurm,eval]"
+  "${pip[@]}" install -q -e ".[dev,slurm,eval,llama3]"
 fi
 # exports are tested against transformers 4.x too, in a venv of its own (tests/e2e/test_export_tf4.py
 # skips, naming this step, where it could not be made)

@@ -70,7 +70,7 @@ def load_long_documents(data_config) -> list[np.ndarray]:
                 "synthesized folders; expected a prepared folder of long documents that no "
                 "training row contains"
             )
-        folder = long_documents_dir(data_config.cache_dir)
+        folder = long_documents_dir(data_config.cache_dir, tokenizer=data_config.tokenizer)
     docs = ShardSet(Path(folder), "train")
     if docs.num_documents == 0:
         raise ValueError(f"data.long_documents={str(folder)!r} holds no documents")

@@ -9,7 +9,8 @@ config that trained those weights, validated as data). DIR gets
   ``max_position_embeddings`` by the rule of :mod:`longctx.hf.lengths`;
 - generation_config.json with the bos/eos/pad ids;
 - the weights as safetensors, sharded with a model.safetensors.index.json above --max-shard-size;
-- the tokenizer: the byte tokenizer (or --tokenizer TOK, the folder the run was prepared with),
+- the tokenizer: the run's (data.tokenizer: the bytes or llama3), or --tokenizer TOK (llama3 or
+  the folder the run was prepared with),
   encoding every string as prepare did (:mod:`longctx.hf.export_tokenizer`);
 - longctx_export.json: where it came from and the lengths.
 transformers 4.x and 5.x (AutoModelForCausalLM, AutoTokenizer, pipeline, generate), and through
@@ -31,7 +32,7 @@ from typing import Any
 
 from longctx.cli import bar, command
 from longctx.data.tokenizer import ByteTokenizer
-from longctx.hf.export_tokenizer import write_byte_tokenizer, write_user_tokenizer
+from longctx.hf.export_tokenizer import write_tokenizer
 from longctx.hf.lengths import max_positions, trained_length
 from longctx.hf.run_model import EXPORT_RECORD, llama_config, read_model, weights_source
 from longctx.hf.verify import add_verify_options, verify
@@ -65,8 +66,9 @@ def export(
         raise FileExistsError(f"--out {out} exists and is not empty; expected a new folder")
     stored = read_stored_run(checkpoint)  # the record of the config that trained the weights
     config, data = llama_config(stored), stored.data_config()
+    tokenizer = tokenizer or getattr(data, "tokenizer", None)  # the run's data.tokenizer
     weights_source(stored.checkpoint, config)  # shapes agree, before anything is allocated
-    if tokenizer is None and config.vocab_size < ByteTokenizer.vocab_size:
+    if tokenizer in (None, "byte") and config.vocab_size < ByteTokenizer.vocab_size:
         raise ValueError(
             f"the byte tokenizer's {ByteTokenizer.vocab_size} ids do not fit the model's "
             f"vocab_size={config.vocab_size}; pass --tokenizer with the run's tokenizer folder"
@@ -76,7 +78,7 @@ def export(
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent.resolve()))
     try:
-        specials = _write_tokenizer(tokenizer, staging, length, config.vocab_size)
+        specials = write_tokenizer(tokenizer, staging, length, config.vocab_size)
         model = read_model(stored.checkpoint, config)
         _write_model(model, staging, max_shard_size, length, specials)
         record = {"checkpoint": str(stored.checkpoint.resolve()), "trained_length": trained}
@@ -89,12 +91,6 @@ def export(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return Export(out, config, data, trained, length)
-
-
-def _write_tokenizer(tokenizer, folder: Path, length: int, vocab_size: int) -> dict[str, int]:
-    if tokenizer is None:
-        return write_byte_tokenizer(folder, length)
-    return write_user_tokenizer(Path(tokenizer), folder, length, vocab_size)
 
 
 def _write_model(model: Llama, folder: Path, max_shard_size: str, length: int, specials) -> None:
@@ -127,7 +123,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("checkpoint", help="a longctx .ckpt file, sharded checkpoint or run folder")
     ap.add_argument("--out", required=True, help="a new (or empty) folder")
     ap.add_argument("--max-shard-size", default="5GB", help="shard above this size (e.g. 5GB)")
-    ap.add_argument("--tokenizer", help="the run's HF tokenizer folder (default: the bytes)")
+    ap.add_argument(
+        "--tokenizer",
+        help="llama3 or the run's HF tokenizer folder (default: data.tokenizer, else the bytes)",
+    )
     ap.add_argument(
         "--verify", action="store_true", help="then check it (python -m longctx.hf.verify)"
     )

@@ -1,6 +1,7 @@
 """The tokenizer files of an export: longctx's byte tokenizer as a transformers fast tokenizer,
-or a user's own tokenizer folder, written so that transformers 4.x and 5.x encode every string
-exactly as ``prepare`` did.
+Llama 3's (``--tokenizer llama3``, or a run trained with ``data.tokenizer=llama3``), or a user's
+own tokenizer folder, written so that transformers 4.x and 5.x encode every string exactly as
+``prepare`` did.
 
 Two rules hold for both:
 - special tokens are reachable only by id: a literal ``<s>``, ``</s>`` or ``<pad>`` in a text
@@ -18,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from longctx.data.tokenizer import ByteTokenizer, HFTokenizer
+from longctx.data.tokenizer import ByteTokenizer, HFTokenizer, Llama3Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -79,6 +80,44 @@ def write_byte_tokenizer(folder: Path, model_max_length: int) -> dict[str, int]:
 
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token")
+
+
+def write_tokenizer(
+    tokenizer: str | Path | None, folder: Path, model_max_length: int, vocab_size: int
+) -> dict[str, int]:
+    """The run's tokenizer in ``folder``: None or 'byte' (the bytes), 'llama3', or a folder
+    (what ``prepare --tokenizer`` read); returns its special ids."""
+    if tokenizer is None or str(tokenizer) == "byte":
+        return write_byte_tokenizer(folder, model_max_length)
+    if str(tokenizer) == Llama3Tokenizer.NAME:
+        return write_llama3_tokenizer(folder, model_max_length, vocab_size)
+    return write_user_tokenizer(Path(tokenizer), folder, model_max_length, vocab_size)
+
+
+LLAMA3_SPECIAL_NAMES = {
+    "bos_token": "<|begin_of_text|>",
+    "eos_token": "<|end_of_text|>",
+    "pad_token": "<|finetune_right_pad_id|>",
+}
+
+
+def write_llama3_tokenizer(folder: Path, model_max_length: int, vocab_size: int) -> dict[str, int]:
+    """Llama 3's fast tokenizer (longctx.data.tokenizer.Llama3Tokenizer) in ``folder``: its
+    128,256 ids, specials by id only, nothing added around a text (lm-eval and a user add the
+    BOS a Llama 3 document starts with, as this run's packing did by default)."""
+    tok = Llama3Tokenizer()
+    if tok.vocab_size > vocab_size:
+        raise ValueError(
+            f"--tokenizer llama3 has {tok.vocab_size:,} ids, more than the model's "
+            f"vocab_size={vocab_size}; export with the tokenizer the run was prepared with"
+        )
+    tokenizer_json = json.loads(tok.fast_tokenizer().to_str())
+    tokenizer_json["post_processor"] = _without_adding(tokenizer_json.get("post_processor"))
+    config = {**tokenizer_settings(model_max_length), **LLAMA3_SPECIAL_NAMES}
+    _write_json(folder / TOKENIZER_FILE, tokenizer_json)
+    _write_json(folder / TOKENIZER_CONFIG, config)
+    _write_json(folder / SPECIAL_TOKENS_MAP, dict(LLAMA3_SPECIAL_NAMES))
+    return {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
 
 
 def write_user_tokenizer(

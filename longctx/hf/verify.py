@@ -62,7 +62,7 @@ def heldout_documents(data_config, count: int, max_tokens: int) -> HeldOut:
     shards = data_config.shards
     folder = Path(shards[0] if isinstance(shards, list | tuple) else shards or "")
     if shards is None:
-        folder = default_corpus_dir(data_config.cache_dir)
+        folder = default_corpus_dir(data_config.cache_dir, tokenizer=data_config.tokenizer)
     val = ShardSet(folder, "val")
     if val.num_documents == 0:
         raise ValueError(f"{folder} has no val documents to verify on; prepare it with a val split")
