@@ -31,7 +31,7 @@ positive_int VAL_EVERY "${VAL_EVERY:-1}"
 existing_path INIT_FROM "$INIT_FROM"
 start_from=() from_note="from scratch"
 if [ -n "$INIT_FROM" ]; then start_from=("model.init_from=$INIT_FROM"); from_note="from $INIT_FROM"; fi
-TASKS="${TASKS:-passkey,niah_single,niah_multikey,copy}"
+TASKS="${TASKS:-lc_passkey,lc_niah_single,lc_niah_multikey,lc_copy}"
 LENGTHS="${LENGTHS:-$(( SEQ / 4 )) $(( SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
 MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}_n${DOCS}"
@@ -42,7 +42,7 @@ if [ -e "$ROOT/multirun" ]; then
 fi
 start=$SECONDS
 if [ ! -e "$MIX/manifest.json" ]; then
-  "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
+  "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,lc_passkey,lc_niah_single --seed "$MIX_SEED" \
     --documents "$DOCS" --min-length 64 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
 fi
 "$PY" train.py -m experiment=position_ablation "model=$MODEL" "paths.root_dir=$ROOT" logger=csv \

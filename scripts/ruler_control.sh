@@ -21,7 +21,7 @@ ROOT="${1:-outputs/ruler_control}"
 shift || true
 SEQ="${SEQ:-256}" SEED="${SEED:-0}" MIX_SEED="${MIX_SEED:-1000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
 SAMPLES="${SAMPLES:-10}" PARALLEL="${PARALLEL:-1}" OUT="${OUT:-docs/ruler_control.json}" DOCS="${MIX_DOCUMENTS:-20000}"
-TASKS="passkey,niah_single,copy"
+TASKS="lc_passkey,lc_niah_single,lc_copy"
 # half the training length (at least the needle tasks' minimum), the training length, twice it
 LENGTHS="${LENGTHS:-$(( SEQ / 2 < 192 ? 192 : SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
@@ -36,7 +36,7 @@ if [ -e "$ROOT/outputs/train" ]; then
 fi
 start=$SECONDS
 if [ ! -e "$MIX/manifest.json" ]; then
-  "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,passkey,niah_single --seed "$MIX_SEED" \
+  "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,lc_passkey,lc_niah_single --seed "$MIX_SEED" \
     --documents "$DOCS" --min-length 32 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
 fi
 if [ ! -e "$REPEAT/manifest.json" ]; then
