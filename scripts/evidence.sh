@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# The evidence of issue 42, rerun: the positive control (stage 1) with three training seeds, then
+# the position ablation's 2x2 arms and the context extension's RoPE arms, each x the same three
+# seeds, stage-2 seed S continued from stage-1 seed S (so every arm difference is paired by
+# seed). Every run trains on the out-of-distribution long-range mix (longctx.synthetic.ood:
+# templates, keys and values the suite never scores) and is scored on the suite; the reports
+# (hierarchical, seed-paired intervals; per-instance .csv.gz and per-seed scores beside each JSON)
+# go to OUT_DIR. Runs go two at a time (PARALLEL), one thread each.
+#
+#   scripts/evidence.sh [RUNS_ROOT] [PART ...]        PART: control position extension (default: all)
+#
+# Resumable: a run whose suite results exist is skipped, one with checkpoints resumes
+# (ckpt_path=last), a part whose report JSON exists is skipped (FORCE=1 rewrites the reports).
+# It commits nothing. Each run's wall time and the load average before and after it go to
+# RUNS_ROOT/timing.csv. SMOKE=1: tiny steps, lengths and samples (the pipeline end to end in
+# minutes; results meaningless).
+#
+# From the environment: SEEDS ("0 1 2"), PARALLEL (2), SEQ1 (256, the control's length), STEPS1
+# (50000), SEQ2 (2048), STEPS2 (600), ROWS2 (2), MIX_DOCUMENTS (20000 per task at stage 1, 4000 at
+# stage 2), SAMPLES (4 per task, length and depth), INSTANCE_SEED (0), OUT_DIR (docs/evidence),
+# CONTROL_ARMS ("ruler_control ruler_control_nomix"), EVAL_TASKS, LENGTHS1, LENGTHS2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-.venv/bin/python}"
+ROOT="${1:-outputs/evidence}"
+shift || true
+PARTS="${*:-control position extension}"
+source scripts/checks.sh
+SMOKE="${SMOKE:-0}"
+one_of SMOKE "$SMOKE" 0 1
+if [ "$SMOKE" = 1 ]; then  # every size tiny: proves the pipeline, measures nothing
+  : "${STEPS1:=4}" "${STEPS2:=2}" "${SEQ2:=512}" "${ROWS2:=1}" "${MIX_DOCUMENTS:=30}" "${SAMPLES:=1}"
+  : "${LENGTHS1:=256 512}" "${LENGTHS2:=256 512}" "${SEEDS:=0 1}" "${OUT_DIR:=$ROOT/reports}"
+  : "${EVAL_TASKS:=niah_single_1,niah_multikey_2,lc_passkey,lc_niah_multikey}"
+  : "${ANSWER_DOCS:=4}"
+fi
+SEEDS="${SEEDS:-0 1 2}" PARALLEL="${PARALLEL:-2}" SEQ1="${SEQ1:-256}" STEPS1="${STEPS1:-50000}"
+SEQ2="${SEQ2:-2048}" STEPS2="${STEPS2:-600}" ROWS2="${ROWS2:-2}" SAMPLES="${SAMPLES:-4}"
+DOCS1="${MIX_DOCUMENTS:-20000}" DOCS2="${MIX_DOCUMENTS:-4000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
+OUT_DIR="${OUT_DIR:-docs/evidence}" CONTROL_ARMS="${CONTROL_ARMS:-ruler_control ruler_control_nomix}"
+ANSWER_DOCS="${ANSWER_DOCS:-64}" FORCE="${FORCE:-0}"
+# RULER's tasks that need no --qa-data (a length below a task's minimum is skipped and said),
+# and longctx's own needles, which fit the control's 256 tokens
+EVAL_TASKS="${EVAL_TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe,lc_passkey,lc_niah_single,lc_niah_multikey}"
+# the control's length and beyond; stage 2: the control's length (256: keeps, gains or loses)
+# up to 2x the new one
+LENGTHS1="${LENGTHS1:-$SEQ1 $(( 2 * SEQ1 )) $(( 4 * SEQ1 ))}"
+LENGTHS2="${LENGTHS2:-$SEQ1 $(( SEQ2 / 4 )) $(( SEQ2 / 2 )) $SEQ2 $(( 2 * SEQ2 ))}"
+OOD="ood_ledger,ood_locker,ood_relay,ood_echo"
+for var in SEQ1 STEPS1 SEQ2 STEPS2 ROWS2 SAMPLES DOCS1 DOCS2 PARALLEL ANSWER_DOCS; do
+  positive_int "$var" "${!var}"
+done
+for part in $PARTS; do one_of PART "$part" control position extension; done
+CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
+export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true OMP_NUM_THREADS=1
+mkdir -p "$ROOT" "$OUT_DIR"
+[ -e "$ROOT/timing.csv" ] || echo "part,run,seed,wall_s,load1_before,load1_after,status" > "$ROOT/timing.csv"
+start=$SECONDS
+
+# ------------------------------------------------------------------------ one run, resumable
+# run PART NAME SEED FOLDER EVAL_ARGS -- TRAIN_ARGS...: train (or resume), then score on the suite
+run() {
+  local part=$1 name=$2 seed=$3 folder=$4 eval_args=$5; shift 6
+  if [ -e "$folder/eval/ruler/ruler.json" ]; then echo "evidence: $folder done, skipped"; return; fi
+  local resume=() t=$SECONDS load status=ok
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  [ -e "$folder/checkpoints/last.ckpt" ] && resume=("ckpt_path=last")
+  mkdir -p "$(dirname "$folder")"
+  {
+    "$PY" train.py logger=csv "paths.cache_dir=$CACHE" "seed=$seed" "${resume[@]}" "$@" &&
+      $eval_args &&
+      "$PY" -m longctx.eval "$folder/checkpoints/last.ckpt" --suite ruler --tasks "$EVAL_TASKS" \
+        --depths 0 0.25 0.5 0.75 1 --samples "$SAMPLES" --seed "$INSTANCE_SEED" \
+        --cache-dir "$CACHE" --lengths ${LENGTHS}
+  } > "$folder.log" 2>&1 || status=failed
+  echo "$part,$name,$seed,$(( SECONDS - t )),$load,$(cut -d' ' -f1 /proc/loadavg),$status" >> "$ROOT/timing.csv"
+  [ "$status" = ok ] || { echo "evidence: $name (seed $seed) failed: $folder.log" >&2; return 1; }
+}
+
+# PARALLEL runs at a time; a failed run fails the part once the others have finished
+jobs_failed=0
+spawn() {
+  while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || jobs_failed=1; done
+  run "$@" & 
+}
+drain() {
+  while [ -n "$(jobs -rp)" ]; do wait -n || jobs_failed=1; done
+  [ "$jobs_failed" = 0 ] || { echo "evidence: a run failed (RUNS_ROOT/*.log)" >&2; exit 1; }
+}
+fresh() { [ "$FORCE" = 1 ] || [ ! -e "$1" ]; }
+note() { echo "$1; seeds $SEEDS; instance seed $INSTANCE_SEED; $(( SECONDS - start )) s wall so far"; }
+control_of() { echo "$ROOT/control/seed$1/outputs/train/ruler_control"; }
+
+# ---------------------------------------------------------- part 1: the control, three seeds
+if [[ " $PARTS " == *" control "* ]]; then
+  LENGTHS="$LENGTHS1"
+  for seed in $SEEDS; do
+    for arm in $CONTROL_ARMS; do
+      mix=()
+      [ "$arm" = ruler_control ] && mix=("ruler_mix.tasks=[$OOD]" "ruler_mix.documents=$DOCS1"
+                                         "ruler_repeat.documents=$(( 3 * DOCS1 ))")
+      spawn control "$arm" "$seed" "$ROOT/control/seed$seed/outputs/train/$arm" true -- \
+        "experiment=$arm" "run_name=$arm" "paths.root_dir=$ROOT/control/seed$seed" \
+        "data.seq_len=$SEQ1" "trainer.max_steps=$STEPS1" "${mix[@]}" \
+        "trainer.val_check_interval=$(( STEPS1 < 5000 ? STEPS1 : 5000 ))" \
+        "callbacks.ruler.tasks=[lc_passkey,lc_niah_single]"
+    done
+  done
+  drain
+  if fresh "$OUT_DIR/control.json"; then
+    "$PY" -m longctx.experiments.ruler_report "$ROOT/control" --arm-by group --control ruler_control \
+      --json "$OUT_DIR/control.json" --note "$(note "control: tiny_long at $SEQ1, $STEPS1 steps, the OOD mix ($OOD) + repeat vs none")"
+  fi
+fi
+
+# stage 2 continues each seed's control: model and RoPE as it was trained
+from_control=(model=tiny_long model.rope_theta=10000.0 optim.optimizer.lr=1e-3 "data.seq_len=$SEQ2"
+  "data.micro_batch_size=$ROWS2" "trainer.max_steps=$STEPS2" "trainer.val_check_interval=$STEPS2"
+  "ruler_mix.tasks=[$OOD]" "ruler_mix.documents=$DOCS2" hydra.mode=RUN)
+
+# ------------------------------------------- part 2: the position ablation, 2x2 arms x seeds
+if [[ " $PARTS " == *" position "* ]]; then
+  LENGTHS="$LENGTHS2"
+  for seed in $SEEDS; do
+    for reset in true false; do
+      for mask in true false; do
+        name="reset=$reset,mask=$mask"
+        spawn position "$name" "$seed" "$ROOT/position/seed$seed/outputs/train/$name" true -- \
+          experiment=position_ablation "run_name=$name" "paths.root_dir=$ROOT/position/seed$seed" \
+          "model.init_from=$(control_of "$seed")" "data.reset_position_ids=$reset" \
+          "data.document_mask=$mask" "${from_control[@]}" "data.weights=[0.14,0.86]" \
+          "callbacks.ruler.tasks=[lc_passkey,lc_niah_single]" \
+          "callbacks.held_out_answers.documents=$ANSWER_DOCS"
+      done
+    done
+  done
+  drain
+  if fresh "$OUT_DIR/position.json"; then
+    "$PY" -m longctx.experiments.analysis "$ROOT/position" --out "$OUT_DIR/position.png" \
+      --title "$(note "position ablation from each seed's control, L=$SEQ2, $STEPS2 x $ROWS2 rows")"
+    "$PY" -m longctx.experiments.ruler_report "$ROOT/position" --arm-by position \
+      --json "$OUT_DIR/position_ruler.json" --note "$(note "position ablation, L=$SEQ2")"
+  fi
+fi
+
+# ------------------------------------------- part 3: the context extension, RoPE arms x seeds
+if [[ " $PARTS " == *" extension "* ]]; then
+  LENGTHS="$LENGTHS2"
+  for seed in $SEEDS; do
+    for arm in unchanged abf linear yarn; do
+      folder="$ROOT/extension/seed$seed/outputs/train/rope_arm=$arm"
+      spawn extension "rope_arm=$arm" "$seed" "$folder" \
+        "$PY -m longctx.eval $folder/checkpoints/last.ckpt --cache-dir $CACHE --long-factor 4 --probe-samples $SAMPLES" -- \
+        experiment=context_extension "rope_arm=$arm" "run_name=rope_arm=$arm" \
+        "paths.root_dir=$ROOT/extension/seed$seed" "model.init_from=$(control_of "$seed")" \
+        "stage1_seq_len=$SEQ1" "${from_control[@]}"
+    done
+  done
+  drain
+  if fresh "$OUT_DIR/extension.json"; then
+    "$PY" -m longctx.experiments.extension_report "$ROOT/extension" --json "$OUT_DIR/extension.json" \
+      --out "$OUT_DIR/extension.png" --note "$(note "context extension $SEQ1 -> $SEQ2 from each seed's control")"
+    "$PY" -m longctx.experiments.ruler_report "$ROOT/extension" --arm-by rope_arm --control unchanged \
+      --json "$OUT_DIR/extension_ruler.json" --note "$(note "context extension, RoPE arms")"
+  fi
+fi
+echo "evidence: $(( SECONDS - start )) s; runs in $ROOT (timing.csv), reports in $OUT_DIR"
