@@ -5,11 +5,17 @@ final ``python -m longctx.eval ... --suite ruler``) or else ``eval/ruler_results
 callback: its last step).
 Every run was scored on the same instances (one instance seed), so arms are compared paired:
 
-- per arm and length: the suite score (mean accuracy over the tasks), its 95% bootstrap interval
-  over instances and training seeds, and the arm's effective length (longctx.eval.ruler.scoring's
-  rule, printed with it), also per seed;
-- per arm against the control arm and length: the paired difference with its 95% bootstrap
-  interval (instances and seeds resampled together, longctx.experiments.ablation's bootstrap) and a verdict;
+- per arm and length: the suite score (mean over the tasks of each task's mean per-instance
+  ``score``: RULER's metric when the suite generated, the teacher-forced match when not), its 95%
+  bootstrap interval over instances and training seeds, RULER's effective length (over RULER's
+  tasks) and, beside it, the relative one anchored at the runs' training length (both
+  longctx.eval.ruler.scoring's rules, printed with them), the relative one also per seed;
+- per arm against the control arm and length, on the suite score and on every task's: the
+  difference with its 95% interval from the hierarchical bootstrap of
+  longctx.experiments.statistics (training seeds, then instances within each; paired by seed
+  where the arms share their seeds) and a verdict;
+- beside the JSON: the per-instance rows (``_instances.csv.gz``) and per-seed suite scores
+  (``_seeds.csv``);
 - a heat map of length x depth per arm (mean over tasks and seeds).
 
 Arms (``--arm-by``): ``position`` (data.reset_position_ids x data.document_mask, the position
@@ -29,9 +35,10 @@ import numpy as np
 import pandas as pd
 
 from longctx.cli import command
-from longctx.eval.ruler.generate import chance
-from longctx.eval.ruler.scoring import effective_length
-from longctx.experiments.ablation import bootstrap_difference, bootstrap_loss, interval, verdict
+from longctx.eval.ruler.generate import RULER_TASK_NAMES, chance
+from longctx.eval.ruler.scoring import relative_effective_length, ruler_effective_length
+from longctx.experiments import statistics as st
+from longctx.experiments.ablation import interval, verdict
 
 # the final evaluation (python -m longctx.eval ... --suite ruler), else the in-loop callback's
 RESULTS = (Path("eval") / "ruler" / "ruler_results.csv", Path("eval") / "ruler_results.csv")
@@ -58,7 +65,8 @@ def _bool(value) -> bool:
 
 
 def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
-    """One row per (run, instance): arm, seed, run, task, length, depth, sample, correct."""
+    """One row per (run, instance): arm, seed, run, train_len, task, length, depth, sample,
+    score (results written before generation scoring: their teacher-forced ``correct``)."""
     from longctx.experiments.runs import find_runs, run_settings
 
     if arm_by not in ARM_BY:
@@ -77,6 +85,7 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
         settings = run_settings(folder)
         frames.append(rows.assign(arm=arm_of(folder, settings, arm_by),
                                   seed_train=settings["run"].get("seed"),
+                                  train_len=settings["data"].get("seq_len"),
                                   run=str(folder.relative_to(root))))  # fmt: skip
     if not frames:
         raise FileNotFoundError(
@@ -85,20 +94,19 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def correct_matrix(frame: pd.DataFrame) -> np.ndarray:
-    """[training seeds, instances] of 0/1, instances in a fixed order (paired across arms)."""
-    table = frame.pivot_table(index="seed_train", columns=INSTANCE, values="correct",
-                              aggfunc="mean")  # fmt: skip
-    return table.sort_index(axis=1).to_numpy(dtype=float)
+def arm_sample(frame: pd.DataFrame) -> st.ArmSample:
+    """One arm at one length: scores [training seeds, instances] over task weights, so the
+    statistic is the mean over tasks of each task's mean score (the suite score) and instances
+    line up across arms (sorted by task, length, depth, sample)."""
+    return st.arm_sample(frame.assign(weighted=frame["score"] * task_weights(frame),
+                                      weight=task_weights(frame)),
+                         "weighted", "weight", INSTANCE, seed="seed_train")  # fmt: skip
 
 
 def task_weights(frame: pd.DataFrame) -> np.ndarray:
-    """Per instance (the matrix's column order): 1 / instances of its task, so a resampled sum
-    over instances is the mean over tasks of each task's accuracy, as the suite score is."""
-    keys = frame.drop_duplicates(INSTANCE).sort_values(INSTANCE)
-    per_task = keys.groupby("task")["task"].transform("size")
-    tasks = keys["task"].nunique()
-    return (1.0 / (per_task * tasks)).to_numpy() * len(keys)
+    """Per row: 1 / (rows of its task at its seed), so a weighted mean over instances is the
+    mean over tasks of each task's mean, as the suite score is."""
+    return 1.0 / frame.groupby(["seed_train", "task"])["task"].transform("size").to_numpy()
 
 
 def summarize(root: str | Path, arm_by: str, control: str | None = None, n_boot: int = 2000,
@@ -146,74 +154,116 @@ def _instance_seed(frame: pd.DataFrame):
 
 def _arm(part: pd.DataFrame, arm: str, floor: float, n_boot: int, rng) -> dict:
     rows = []
+    seed_scores: dict[int, dict[int, float]] = {}
     for length, at in part.groupby("length"):
-        sums, weights = correct_matrix(at), task_weights(at)
-        low, high = interval(bootstrap_loss(sums * weights, np.ones_like(weights), n_boot, rng))
-        score = float((sums.mean(0) * weights).mean())
-        rows.append({"length": int(length), "score": score, "ci": [low, high]})
-    found = effective_length({r["length"]: r["score"] for r in rows}, floor)
+        sample = arm_sample(at)
+        low, high = interval(st.bootstrap(sample, n_boot, rng))
+        rows.append({"length": int(length), "score": sample.estimate, "ci": [low, high]})
+        for seed, score in sample.per_seed().items():
+            seed_scores.setdefault(int(seed), {})[int(length)] = score
+    anchor = _anchor(part)
+    found = _relative({r["length"]: r["score"] for r in rows}, anchor, floor)
     per_seed = {}
     for seed, own in part.groupby("seed_train"):
-        scores = own.groupby(["length", "task"])["correct"].mean().groupby("length").mean()
-        per_seed[int(seed)] = effective_length(scores.to_dict(), floor).length
-    by_task = part.groupby(["task", "length"])["correct"].mean().reset_index()
+        scores = own.groupby(["length", "task"])["score"].mean().groupby("length").mean()
+        per_seed[int(seed)] = _relative(scores.to_dict(), anchor, floor).get("length")
+    by_task = part.groupby(["task", "length"])["score"].mean().reset_index()
     per_task = {
-        task: effective_length(dict(zip(rows_["length"], rows_["correct"], strict=True)),
-                               chance(task)).length
+        task: _relative(dict(zip(rows_["length"], rows_["score"], strict=True)), anchor,
+                        chance(task)).get("length")
         for task, rows_ in by_task.groupby("task")
     }  # fmt: skip
+    ruler = part[part["task"].isin(RULER_TASK_NAMES)]
+    ruler_scores = ruler.groupby(["length", "task"])["score"].mean().groupby("length").mean()
     return {
         "arm": arm,
         "seeds": sorted(int(s) for s in part["seed_train"].unique()),
         "runs": sorted(part["run"].unique()),
         "suite": rows,
-        "effective_length": found.length,
-        "effective_length_rule": found.rule,
+        "ruler_effective_length": (
+            ruler_effective_length({int(n): float(v) for n, v in ruler_scores.items()})
+            if len(ruler)
+            else None
+        ),
+        "ruler_tasks": sorted(ruler["task"].unique()),
+        "effective_length": found.get("length"),
+        "effective_length_rule": found.get("rule"),
         "seed_effective_lengths": per_seed,
+        "seed_scores": seed_scores,  # per training seed and length: the suite score
         "task_effective_lengths": per_task,
-        "tasks": by_task.rename(columns={"correct": "accuracy"}).to_dict("records"),
+        "tasks": by_task.to_dict("records"),
     }
 
 
+def _anchor(part: pd.DataFrame) -> int | None:
+    """The runs' training length (the relative rule's anchor); None when they differ."""
+    lengths = part["train_len"].dropna().unique() if "train_len" in part else []
+    return int(lengths[0]) if len(lengths) == 1 else None
+
+
+def _relative(scores: dict, anchor: int | None, floor: float) -> dict:
+    """The relative rule's result as a dict; empty when the anchor was not evaluated."""
+    scores = {int(n): float(v) for n, v in scores.items()}
+    if anchor not in scores:
+        return {"rule": f"relative: not computed (training length {anchor} not evaluated)"}
+    return relative_effective_length(scores, anchor, floor).to_dict()
+
+
 def _pair(frame: pd.DataFrame, arm: str, control: str, n_boot: int, rng) -> dict:
-    rows = []
+    """arm - control per length, on the suite score and on each task's score: paired by
+    training seed (longctx.experiments.statistics) when the two arms share their seeds."""
+    rows, tasks = [], []
     for length, at in frame.groupby("length"):
         a, b = at[at["arm"] == arm], at[at["arm"] == control]
-        sums_a, sums_b = correct_matrix(a), correct_matrix(b)
-        if sums_a.shape != sums_b.shape:
-            raise ValueError(
-                f"arms {arm!r} and {control!r} were scored on different instances or seeds at "
-                f"length {length} ({sums_a.shape} vs {sums_b.shape}); score both alike"
-            )
-        weights = task_weights(a)
-        delta = float(((sums_a.mean(0) - sums_b.mean(0)) * weights).mean())
-        replicates = bootstrap_difference(sums_a * weights, sums_b * weights,
-                                          np.ones_like(weights), n_boot, rng)  # fmt: skip
-        low, high = interval(replicates)
-        rows.append({"length": int(length), "delta": delta, "ci": [low, high],
-                     "verdict": verdict(low, high)})  # fmt: skip
-    return {"a": arm, "b": control, "by_length": rows}
+        rows.append({"length": int(length), **_difference(a, b, n_boot, rng)})
+        for task, own in a.groupby("task"):
+            theirs = b[b["task"] == task]
+            tasks.append({"task": task, "length": int(length),
+                          **_difference(own, theirs, n_boot, rng)})  # fmt: skip
+    return {"a": arm, "b": control, "by_length": rows, "by_task": tasks}
+
+
+def _difference(a: pd.DataFrame, b: pd.DataFrame, n_boot: int, rng) -> dict:
+    sample_a, sample_b = arm_sample(a), arm_sample(b)
+    row = st.difference(sample_a, sample_b, n_boot, rng, st.shares_seeds(sample_a, sample_b))
+    return {**row, "verdict": verdict(*row["ci"])}
 
 
 def markdown(summary: dict) -> str:
     lengths = summary["lengths"]
-    head = "| arm | " + " | ".join(map(str, lengths)) + " | effective length |"
-    lines = [head, "|---|" + "---|" * (len(lengths) + 1)]
+    head = "| arm | " + " | ".join(map(str, lengths)) + " | RULER's effective length | relative |"
+    lines = [head, "|---|" + "---|" * (len(lengths) + 2)]
     for arm in summary["arms"]:
         cells = {r["length"]: r for r in arm["suite"]}
         text = [f"{cells[n]['score']:.2f} [{cells[n]['ci'][0]:.2f}, {cells[n]['ci'][1]:.2f}]"
                 for n in lengths]  # fmt: skip
-        lines.append(f"| {arm['arm']} | " + " | ".join(text) + f" | {arm['effective_length']} |")
+        lengths_ = f" | {arm['ruler_effective_length']} | {arm['effective_length']} |"
+        lines.append(f"| {arm['arm']} | " + " | ".join(text) + lengths_)
     for pair in summary["pairs"]:
         text = [
             f"{r['delta']:+.2f} [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" for r in pair["by_length"]
         ]
-        lines.append(f"| {pair['a']} - {pair['b']} | " + " | ".join(text) + " | |")
+        paired = "" if all(r["paired"] for r in pair["by_length"]) else " (unpaired)"
+        lines.append(f"| {pair['a']} - {pair['b']}{paired} | " + " | ".join(text) + " | | |")
     return "\n".join(lines)
 
 
+def write_beside(path: Path, frame: pd.DataFrame, summary: dict) -> list[Path]:
+    """Beside the summary JSON: every run's per-instance rows (``_instances.csv.gz``) and the
+    suite score per arm, training seed and length (``_seeds.csv``), what its numbers are
+    recomputed from."""
+    instances = path.with_name(path.stem + "_instances.csv.gz")
+    st.write_per_instance(frame, instances)
+    seeds = path.with_name(path.stem + "_seeds.csv")
+    rows = [{"arm": arm["arm"], "seed": seed, "length": length, "score": score}
+            for arm in summary["arms"] for seed, by_length in arm["seed_scores"].items()
+            for length, score in by_length.items()]  # fmt: skip
+    pd.DataFrame(rows).to_csv(seeds, index=False)
+    return [instances, seeds]
+
+
 def heatmaps(frame: pd.DataFrame, arms: Sequence[str], title: str):
-    """One length x depth heat map per arm: mean accuracy over tasks and seeds."""
+    """One length x depth heat map per arm: mean score over tasks and seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,7 +274,7 @@ def heatmaps(frame: pd.DataFrame, arms: Sequence[str], title: str):
     image = None
     for ax, arm in zip(axes[0], arms, strict=True):
         part = frame[frame["arm"] == arm]
-        per_task = part.groupby(["depth", "length", "task"])["correct"].mean()
+        per_task = part.groupby(["depth", "length", "task"])["score"].mean()
         grid = per_task.groupby(["depth", "length"]).mean().unstack("length")
         image = ax.imshow(grid.to_numpy(), vmin=0, vmax=1, cmap="RdYlGn", aspect="auto",
                           origin="lower")  # fmt: skip
@@ -236,7 +286,7 @@ def heatmaps(frame: pd.DataFrame, arms: Sequence[str], title: str):
     fig.suptitle(lines, fontsize=8, y=0.99, va="top")
     # the arms' titles start below the suptitle's lines (before the colorbar takes its share)
     fig.subplots_adjust(top=0.8 - 0.04 * lines.count("\n"))
-    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy (mean over tasks)")
+    fig.colorbar(image, ax=axes[0].tolist(), label="score (mean over tasks)")
     return fig
 
 
@@ -262,10 +312,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     fig.savefig(figure, dpi=120, bbox_inches="tight")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    write_beside(args.json, frame, summary)
     print(summary["markdown"])
     for arm in summary["arms"]:
-        print(f"{arm['arm']}: effective length {arm['effective_length']} "
-              f"(seeds {arm['seed_effective_lengths']}): {arm['effective_length_rule']}")  # fmt: skip
+        print(f"{arm['arm']}: RULER's effective length {arm['ruler_effective_length']}; relative "
+              f"{arm['effective_length']} (seeds {arm['seed_effective_lengths']}): "
+              f"{arm['effective_length_rule']}")  # fmt: skip
     print(f"wrote {args.json} and {figure}")
     return summary
 
