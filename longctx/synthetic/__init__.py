@@ -16,7 +16,7 @@ suite (longctx.eval.ruler), below both: nothing here imports ``data`` or ``eval`
 
 from longctx.synthetic.haystacks import FillerHaystack, NoiseHaystack, TextHaystack
 from longctx.synthetic.layout import Draw, Layout, assemble
-from longctx.synthetic.pieces import DoesNotFit, Encoder, TaskInputError, cat, listing
+from longctx.synthetic.pieces import DoesNotFit, Encoder, RunsOut, TaskInputError, cat, listing
 from longctx.synthetic.tasks import TASKS, Task
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "FillerHaystack",
     "Layout",
     "NoiseHaystack",
+    "RunsOut",
     "Task",
     "TaskInputError",
     "TextHaystack",

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from longctx.synthetic.pieces import DoesNotFit, Encoder
+from longctx.synthetic.pieces import DoesNotFit, Encoder, RunsOut
 
 # RULER's needle depths (percent): round(linspace(0, 100, 40))
 DEPTHS = tuple(int(d) for d in np.round(np.linspace(0, 100, num=40)).astype(int))
@@ -127,4 +127,4 @@ def _fill(units: Iterable[np.ndarray] | None, room: int) -> tuple[list[np.ndarra
                 return whole, _empty()
         else:
             return whole, np.asarray(unit[: room - total], dtype=np.int64)
-    raise DoesNotFit(f"its material runs out before {room} context tokens")
+    raise RunsOut(f"its material runs out before {room} context tokens")

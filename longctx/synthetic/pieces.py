@@ -16,7 +16,12 @@ class TaskInputError(ValueError):
 
 
 class DoesNotFit(ValueError):
-    """A task cannot be laid out in the given length (too short, or past its material)."""
+    """A task cannot be laid out in the given length: too short for it."""
+
+
+class RunsOut(DoesNotFit):
+    """A task cannot be laid out in the given length: its material (qa documents, cwe's
+    vocabulary) ends first."""
 
 
 class Encoder:

@@ -360,6 +360,18 @@ def test_a_length_too_short_is_skipped_and_said():
         make_instance("qa_1", BYTE, 1024, 0.5, 0)
 
 
+def test_a_length_past_the_material_is_skipped_and_said():
+    plan = plan_instances(BYTE, ["qa_1", "niah_single_1"], [2048, 8192], [0.5], 1, qa_data=QA)
+    (skip,) = plan.skipped
+    assert (skip["task"], skip["length"]) == ("qa_1", 8192)
+    assert "qa_1 length=8192 is too long for its material" in skip["reason"]
+    assert {(i.task, i.length) for i in plan.instances} == {
+        ("qa_1", 2048),
+        ("niah_single_1", 2048),
+        ("niah_single_1", 8192),
+    }
+
+
 # --------------------------------------------------------------------------- determinism
 def test_the_same_seed_gives_the_same_tokens():
     def draw(seed):

@@ -17,7 +17,7 @@ import numpy as np
 from longctx.data.haystack import resolve_haystack
 from longctx.eval.ruler.instances import Instance, RulerInputError
 from longctx.eval.ruler.tasks import DIGITS, RULER_TASKS, TASKS, Task
-from longctx.synthetic import DoesNotFit, Encoder
+from longctx.synthetic import DoesNotFit, Encoder, RunsOut
 from longctx.synthetic.qa import QAData, load_qa_folder
 from longctx.synthetic.tasks import check_names, lay_out
 
@@ -96,6 +96,11 @@ def make_instance(
     rng = rng_for(name, seed, length, depth, sample)
     try:
         layout, laid = lay_out(spec, encoder(tokenizer), length, depth, rng, source, qa, digits)
+    except RunsOut as err:
+        raise RulerInputError(
+            f"{name} length={length} is too long for its material ({err}); evaluate at a "
+            "shorter length or give it more (a larger --qa-data folder)"
+        ) from None
     except DoesNotFit as err:
         raise RulerInputError(
             f"{name} length={length} is too short ({err}); evaluate at a longer length"
