@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 
@@ -71,6 +72,17 @@ class DataConfig:
     # until_step on, rows are seq_len x micro_batch_size (the run's length, validated at)
     stages: list[Stage] | None = None
     length_upsampling: LengthUpsampling | None = None
+    # the tokenizer the embedded corpus is prepared with: None or 'byte' (the bytes), 'llama3'
+    # (Llama 3's, the llama3 extra). Prepared folders bring their own (their manifest); when
+    # this is set, they must have been prepared with it
+    tokenizer: str | None = None
+    # <|begin_of_text|>-style BOS before every document when packing. None: the tokenizer's
+    # convention -- yes for llama3 (Llama 3 sees BOS first in training and at inference: Meta's
+    # and torchtitan's encode(bos=True, eos=True), transformers' and lm-eval's BOS prefix), no
+    # for the byte tokenizer (its golden curve) and tokenizer folders
+    add_bos: bool | None = None
+    # the id packing puts first: set by the datamodule from add_bos and the corpus's tokenizer
+    bos_id: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.shards, str):  # data.shards=/one/folder: one source, not its letters
@@ -81,6 +93,10 @@ class DataConfig:
         for name in ("seq_len", "micro_batch_size", "buffer_size", "val_rows", "chunk_documents"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
         _require(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0")
+        _check_tokenizer_name(self.tokenizer)
+        _require(
+            self.add_bos in (None, True, False), "add_bos", self.add_bos, "true, false or null"
+        )
         if self.num_streams is not None:
             _require(self.num_streams >= 1, "num_streams", self.num_streams, ">= 1")
         _require(
@@ -155,6 +171,19 @@ def _stages(stages: Any) -> list[Stage] | None:
             )
         out.append(stage)
     return out or None
+
+
+def _check_tokenizer_name(name: Any) -> None:
+    """A tokenizer name or an existing tokenizer folder (nothing is downloaded)."""
+    from longctx.data.tokenizer import TOKENIZER_NAMES
+
+    if name is None or name in TOKENIZER_NAMES:
+        return
+    if not isinstance(name, str) or not os.path.isdir(name):
+        raise ValueError(
+            f"DataConfig.tokenizer={name!r}; expected one of {', '.join(TOKENIZER_NAMES)} or a "
+            "local tokenizer folder"
+        )
 
 
 def _is_number(value: Any) -> bool:

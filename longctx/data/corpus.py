@@ -100,19 +100,39 @@ def _is_held_out(record: dict) -> bool:
     return record["id"].split("/")[1] in HELD_OUT_BOOKS
 
 
-def default_corpus_dir(cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
-    """The prepared default corpus folder, preparing it once (under a lock) if needed."""
+def default_corpus_dir(
+    cache_dir: str | Path | None = None, *, progress: bool = False, tokenizer: str | None = None
+) -> Path:
+    """The prepared default corpus folder, preparing it once (under a lock) if needed.
+    ``tokenizer``: None or 'byte' (the bytes), 'llama3', or a tokenizer folder."""
     records = lambda source: (r for r in chapters(source) if not _is_held_out(r))  # noqa: E731
-    return _prepared(CORPUS_NAME, records, VAL_FRACTION, cache_dir, progress)
+    name = _tokenized_name(CORPUS_NAME, tokenizer)
+    return _prepared(name, records, VAL_FRACTION, cache_dir, progress, tokenizer)
 
 
-def long_documents_dir(cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
+def long_documents_dir(
+    cache_dir: str | Path | None = None, *, progress: bool = False, tokenizer: str | None = None
+) -> Path:
     """The prepared held-out books (all in the folder's train split: it has no other use)."""
     records = lambda source: books(source, HELD_OUT_BOOKS)  # noqa: E731
-    return _prepared(LONG_DOCUMENTS_NAME, records, 0.0, cache_dir, progress)
+    name = _tokenized_name(LONG_DOCUMENTS_NAME, tokenizer)
+    return _prepared(name, records, 0.0, cache_dir, progress, tokenizer)
 
 
-def _prepared(name: str, records, val_fraction: float, cache_dir, progress: bool) -> Path:
+def _tokenized_name(name: str, tokenizer: str | None) -> str:
+    """The byte corpus keeps its name; another tokenizer's gets a suffix (a folder: its path's
+    digest)."""
+    if tokenizer in (None, "byte"):
+        return name
+    if tokenizer == "llama3":
+        return f"{name}-llama3"
+    path = str(Path(tokenizer).expanduser().resolve())
+    return f"{name}-hf-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+
+
+def _prepared(
+    name: str, records, val_fraction: float, cache_dir, progress: bool, tokenizer=None
+) -> Path:
     """``cache_root/name``, prepared from ``records(kjv source)`` once, under a lock."""
     root = cache_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -127,7 +147,7 @@ def _prepared(name: str, records, val_fraction: float, cache_dir, progress: bool
         prepare(
             [jsonl],
             out,
-            "byte",
+            tokenizer or "byte",
             workers=min(2, os.cpu_count() or 1),
             val_fraction=val_fraction,
             progress=progress,

@@ -40,6 +40,7 @@ from longctx.data.streams import (
     slot_probabilities,
     upsampled_slots,
 )
+from longctx.data.tokenizer import check_named_tokenizer, packing_bos_id
 from longctx.distributed.context_parallel import data_parallel_rank_and_size
 
 
@@ -132,13 +133,17 @@ class LongCtxDataModule(L.LightningDataModule):
         or the embedded corpus alone (prepared on first use)."""
         if self._folders is None:
             if self.config.shards is None:
-                self._folders = [default_corpus_dir(self.config.cache_dir)]
+                self._folders = [
+                    default_corpus_dir(self.config.cache_dir, tokenizer=self.config.tokenizer)
+                ]
             else:
                 if not self.config.shards:
                     raise ValueError("DataConfig.shards=[]; expected prepared folders or None")
                 cache = self.config.cache_dir
                 self._folders = [
-                    default_corpus_dir(cache) if f == EMBEDDED else Path(f)
+                    default_corpus_dir(cache, tokenizer=self.config.tokenizer)
+                    if f == EMBEDDED
+                    else Path(f)
                     for f in self.config.shards
                 ]
         return self._folders
@@ -148,6 +153,9 @@ class LongCtxDataModule(L.LightningDataModule):
             folders = self.folders()
             manifests = [load_manifest(f) for f in folders]
             _check_same_tokenizer(folders, manifests)
+            check_named_tokenizer(self.config.tokenizer, folders[0], manifests[0].tokenizer)
+            bos_id = packing_bos_id(self.config.add_bos, manifests[0].tokenizer)
+            self.config = dataclasses.replace(self.config, bos_id=bos_id)
             train = [ShardSet(f, "train") for f in folders]
             for folder, shard_set in zip(folders, train, strict=True):
                 if shard_set.num_documents == 0:
@@ -293,6 +301,7 @@ class LongCtxDataModule(L.LightningDataModule):
 
     def validation_rows(self) -> list[PackedRow]:
         """The first ``val_rows`` rows of the first folder's val split, packed in file order."""
+        self._open()  # the manifest's pad and BOS
         folder = self.folders()[0]
         val = ShardSet(folder, "val")
         packer = make_packer(
@@ -301,6 +310,7 @@ class LongCtxDataModule(L.LightningDataModule):
             pad_id=self.pad_id,
             buffer_size=self.config.buffer_size,
             seed=self.config.seed,
+            bos_id=self.config.bos_id,
         )
         docs = (val.document(i) for i in range(val.num_documents))
         rows = list(itertools.islice(packer.pack(docs), self.config.val_rows))

@@ -170,6 +170,7 @@ class RowStream:
             pad_id=self.pad_id,
             buffer_size=self.config.buffer_size,
             seed=seed,
+            bos_id=self.config.bos_id,
         )
 
 
