@@ -299,7 +299,13 @@ class RunStart:
             e + ("/" if (self.run / e).is_dir() else "") for e in _top(previous) - set(keep)
         )
         aside = self.run.with_name(f".{self.run.name}.overwritten-{secrets.token_hex(4)}")
-        os.rename(self.run, aside)  # one step: the run is whole, or no longer under its name
+        try:  # one step: the run is whole, or no longer under its name
+            os.rename(self.run, aside)
+        except OSError as err:  # a folder it cannot write, a mount point
+            raise RunFolderRefused(
+                f"overwrite=true: cannot move {self.run} aside to delete it ({err}); nothing "
+                "was deleted"
+            ) from None
         self._move_back(aside, keep)
         _remove_tree(aside)
         self.before = FolderState(existed=False)  # nothing of the folder is another start's now

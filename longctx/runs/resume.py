@@ -40,8 +40,13 @@ from longctx.runs.record import CHECKPOINT_KEY, plain
 TRAINING_KEY = "training"
 # a resume applies these as configured and says so: the lr schedule's length, the stop policy
 APPLIED_ON_RESUME = ("trainer.max_steps", "optim.skip_nonfinite")
-# a resume never changes these: the checkpoint's optimizer / schedule state is theirs
-FIXED_ON_RESUME = ("optim.optimizer._target_", "optim.scheduler._target_")
+# a resume never changes these: the checkpoint's optimizer / schedule state is theirs (AdamW's
+# amsgrad keeps one more moment per parameter, which a checkpoint without it lacks)
+FIXED_ON_RESUME = (
+    "optim.optimizer._target_",
+    "optim.scheduler._target_",
+    "optim.optimizer.amsgrad",
+)
 # not compared: the elastic resume keeps the checkpoint's global batch (and says so)
 NOT_COMPARED = ("optim.accumulate_grad_batches", "optim.allow_global_batch_change")
 
@@ -110,7 +115,7 @@ def check_training_changes(resume: ResumePoint, training: dict, allowed: list[st
         if key in FIXED_ON_RESUME:
             raise ResumeRefused(
                 f"resuming {resume.path} would change {what}; a resume cannot (the checkpoint's "
-                "optimizer and lr-schedule state belong to its classes): resume with the "
+                "optimizer and lr-schedule state are made for it): resume with the "
                 "checkpoint's, or start a new stage from its weights with model.init_from"
             )
         if key not in APPLIED_ON_RESUME and key not in allowed:
