@@ -21,8 +21,9 @@ from torch import nn
 
 from longctx.dtypes import dtype_named
 
-# loss / token_loss: training and validation; prefill / decode: generation from the KV cache
-FORWARD_METHODS = ("loss", "token_loss", "prefill", "decode")
+# loss / token_loss: training and validation; labelled_logits: teacher-forced scoring; prefill /
+# decode: generation from the KV cache
+FORWARD_METHODS = ("loss", "token_loss", "labelled_logits", "prefill", "decode")
 SHARDED_META_FILE = "meta.pt"  # Lightning's: a sharded checkpoint's non-tensor state
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.batch import PackedBatch
+from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.model.loss import chunked_token_loss
 
 
@@ -75,6 +75,13 @@ class PackedCausalLM(nn.Module):
     def forward(self, batch: PackedBatch) -> Tensor:
         """Logits [B, L, V] (full: for evaluation and tests at small L)."""
         return F.linear(self.hidden_states(batch), self.output_weight)
+
+    def labelled_logits(self, batch: PackedBatch) -> Tensor:
+        """Logits [labelled tokens, V] at the positions with a label, row-major (teacher-forced
+        scoring): no [B, L, V] tensor at long L. A method of its own so FSDP2 can run it
+        under the root's hooks (longctx.distributed.fsdp.FORWARD_METHODS)."""
+        mask = batch.labels != IGNORE_INDEX
+        return F.linear(self.hidden_states(batch)[mask], self.output_weight)
 
     def token_loss(self, batch: PackedBatch) -> Tensor:
         """fp32 [B, L] cross-entropy per token, 0 where label == -100; chunked over tokens."""

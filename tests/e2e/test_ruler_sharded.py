@@ -1,5 +1,6 @@
 """The in-loop suite at scale (ruler_sharded_script.py, 2 gloo processes): instances dealt over
-two data-parallel replicas, and each instance split over a context-parallel group of two, give
+two data-parallel replicas (with the model sharded by FSDP2 too: its forward passes stay in
+step), and each instance split over a context-parallel group of two, give
 every rank the rows one process gives: same order, same generated text, same scores, in both
 scoring modes. And the replicas' shares keep every rank in step."""
 
@@ -42,7 +43,7 @@ def view(rows):
 
 
 @pytest.mark.parametrize("mode", ["teacher_forced", "generate"])
-@pytest.mark.parametrize("layout", ["dp2", "cp2"])
+@pytest.mark.parametrize("layout", ["dp2", "cp2", "fsdp2"])
 def test_two_ranks_give_the_scores_of_one(cases, layout, mode):
     single = view(cases[(f"single {mode}", 0)])
     assert len(single) == 7 and all(r["scoring"] == mode for r in single)

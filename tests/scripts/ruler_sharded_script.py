@@ -1,6 +1,6 @@
 """Run by tests/e2e/test_ruler_sharded.py: the in-loop suite's scoring (RulerEval.score) on
-2 gloo ranks, as data-parallel replicas (DP=2) and as one context-parallel group (CP=2), in both
-scoring modes. Rank 0 prints one JSON line per case: {"case": ..., "rows": [...]}, and the rows
+2 gloo ranks, as data-parallel replicas (DP=2; also with the model sharded by FSDP2) and as one
+context-parallel group (CP=2), in both scoring modes. Rank 0 prints one JSON line per case: {"case": ..., "rows": [...]}, and the rows
 of the same instances scored by one process without any distribution ("single").
 
     python ruler_sharded_script.py OUT.jsonl
@@ -19,9 +19,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
 
 from longctx.data import ByteTokenizer
 from longctx.distributed.context_parallel import context_parallel_group
+from longctx.distributed.fsdp import apply_fsdp
 from longctx.eval.ruler.callback import RulerEval
 from longctx.eval.ruler.instances import Instance
 from longctx.eval.ruler.scoring import score_instances
@@ -85,8 +87,11 @@ def worker(rank: int, out: str, port: int) -> None:
     try:
         lines = []
         for mode in MODES:
-            for case, cp in (("dp2", 1), ("cp2", 2)):
-                rows = scored(module(cp), mode, rank)
+            for case, cp in (("dp2", 1), ("cp2", 2), ("fsdp2", 1)):
+                pl = module(cp)
+                if case == "fsdp2":  # the replicas' model sharded: every forward all-gathers
+                    apply_fsdp(pl.model, init_device_mesh("cpu", (WORLD,)))
+                rows = scored(pl, mode, rank)
                 lines.append({"case": f"{case} {mode}", "rank": rank, "rows": rows})
             if rank == 0:
                 single = score_instances(

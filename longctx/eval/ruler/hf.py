@@ -18,10 +18,12 @@ from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.eval.ruler.instances import RulerInputError
+from longctx.model.interface import PackedCausalLM
 
 
-class HFScorer(nn.Module):
-    """A transformers ``*ForCausalLM`` over PackedBatch rows of one document each."""
+class HFScorer(PackedCausalLM):
+    """A transformers ``*ForCausalLM`` over PackedBatch rows of one document each (scoring only:
+    no loss, no FLOPs)."""
 
     def __init__(self, hf_model: nn.Module) -> None:
         super().__init__()

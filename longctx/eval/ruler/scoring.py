@@ -135,16 +135,12 @@ def rows_batch(tokens_BN: Tensor, labels_BN: Tensor | None, row_multiple: int) -
 
 
 def answer_logits(model, batch: PackedBatch) -> Tensor:
-    """Logits [num_labelled_tokens, V] at the labelled positions, in row-major order.
-
-    Uses the model's hidden states and output weight when it has them (no [B, L, V] tensor at
-    long L), else its forward(batch) logits.
-    """
-    mask = batch.labels != IGNORE_INDEX
-    if hasattr(model, "hidden_states") and hasattr(model, "output_weight"):
-        h = model.hidden_states(batch)[mask]
-        return torch.nn.functional.linear(h, model.output_weight)
-    return model(batch)[mask]
+    """Logits [num_labelled_tokens, V] at the labelled positions, in row-major order: the
+    model's ``labelled_logits`` (longctx's models, the --hf scorer: no [B, L, V] tensor at long
+    L), else its forward(batch) logits."""
+    if hasattr(model, "labelled_logits"):
+        return model.labelled_logits(batch)
+    return model(batch)[batch.labels != IGNORE_INDEX]
 
 
 def answer_predictions(model, batch: PackedBatch, shard=None) -> Tensor:
