@@ -1,13 +1,15 @@
 """The effective-length suite: RULER's 13 tasks (and longctx's own lc_* ones), generated locally.
 
     instances = make_instances(tokenizer, ["niah_single_1", "vt"], [1024, 2048, 4096])
-    results = score_instances(model, instances)           # any model over PackedBatch
-    report = summarize(results)                           # cells with 95% CIs, effective length
+    results = score_instances(model, instances, scoring="generate", tokenizer=tokenizer)
+    report = summarize(results, anchor=2048)  # cells with 95% CIs, RULER's and the relative
+                                              # effective length, with bootstrap intervals
 
 Modules: ``tasks`` (the names; the generators are longctx.synthetic's), ``instances`` (the
-instance, haystacks, JSONL), ``generate`` (instances from names, skips said), ``scoring`` (argmax scoring, CIs, the threshold rule),
-``hf`` (any local transformers folder), ``callback`` (in-loop), ``suite`` (the CLI's runner),
-and longctx.experiments.ruler_report (arms of a sweep: paired differences, heat maps).
+instance, haystacks, JSONL), ``generate`` (instances from names, skips said), ``scoring``
+(generation scored with RULER's metrics, or teacher-forced; CIs; effective lengths), ``hf`` (any
+local transformers folder), ``callback`` (in-loop), ``suite`` (the CLI's runner), and
+longctx.experiments.ruler_report (arms of a sweep: paired differences, heat maps).
 """
 
 from longctx.eval.ruler.generate import (
