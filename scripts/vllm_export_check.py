@@ -55,8 +55,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     folder = export(make_checkpoint(out), out / "hf").folder
     prompt = "In the beginning"
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, trust_remote_code=False
+    )
     ids = tokenizer(prompt, return_tensors="pt")
     theirs = model.generate(**ids, max_new_tokens=16, do_sample=False)[0, ids.input_ids.shape[1] :]
     llm = vllm.LLM(model=str(folder), dtype="float32", enforce_eager=True)
