@@ -125,7 +125,8 @@ def effective_length_lines(found: dict) -> list[str]:
             continue
         value = found[key]["length"] or "none (below the threshold at every length)"
         low, high = (v or "none" for v in found[key]["ci"])
-        lines.append(f"{key} effective length {value} [{low}, {high}]: {found[key]['rule']}")
+        name = {"ruler": "RULER's", "relative": "relative"}[key]
+        lines.append(f"{name} effective length {value} [{low}, {high}]: {found[key]['rule']}")
     return lines or [
         "effective length: none computed (no RULER task scored, no training length to anchor "
         "the relative rule)"
