@@ -1,8 +1,9 @@
-"""The passkey probe: the ``passkey`` task of the effective-length suite (longctx.eval.ruler).
+"""The passkey probe: the ``lc_passkey`` task of the effective-length suite (longctx.eval.ruler).
 
-A probe of context length ``n`` is ``n`` input tokens: filler, with the needle ("The pass key is
-48213. Remember it.") inserted at ``depth`` (0 = the start of the context, 1 = right before the
-question), then the question ("What is the pass key? The pass key is") and the answer digits.
+A probe of length ``n`` is a prompt of ``n - 16`` tokens (the task's generation budget, as every
+suite task leaves one): filler sentences, with the needle ("The pass key is 48213. Remember it.")
+inserted between two of them at ``depth`` (0 = the start of the context, 1 = after the last whole
+sentence), then the question ("What is the pass key? The pass key is"); the answer digits follow.
 The answer is teacher-forced: the model is scored on its argmax prediction of every answer token
 given everything before it, so no generation loop is needed. A probe is correct when every answer
 token is predicted right.
