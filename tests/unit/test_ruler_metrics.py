@@ -244,5 +244,12 @@ def test_summarize_reports_rulers_and_the_relative_length_side_by_side():
     ruler, relative = report["effective_length"]["ruler"], report["effective_length"]["relative"]
     assert ruler["length"] == 512 and ruler["tasks"] == list(RULER_TASK_NAMES[:3])
     assert ruler["missing_tasks"] == list(RULER_TASK_NAMES[3:])  # the mean is over the tasks run
+    assert ruler["missing_at"] == {}
+    short = [
+        r for r in rows_for(scores) if not (r["task"] == RULER_TASK_NAMES[2] and r["length"] == 512)
+    ]
+    assert summarize(short)["effective_length"]["ruler"]["missing_at"] == {
+        512: [RULER_TASK_NAMES[2]]
+    }
     assert relative["anchor"] == 512 and relative["length"] == 512
     assert [r["score"] for r in report["suite"]] == [1.0, pytest.approx(2 / 3)]

@@ -477,6 +477,8 @@ def effective_lengths(results: Sequence[dict], anchor: int | None = None) -> dic
             "threshold": RULER_THRESHOLD,
             "tasks": ruler_tasks,
             "missing_tasks": missing,
+            # lengths whose mean is over fewer of them (a task skipped there: too short)
+            "missing_at": _missing_at(results, ruler_tasks),
             "rule": "RULER: the longest evaluated length whose mean score over RULER's tasks "
             f"exceeds {RULER_THRESHOLD}" + (f" (without {', '.join(missing)})" if missing else ""),
         }
@@ -494,6 +496,14 @@ def effective_lengths(results: Sequence[dict], anchor: int | None = None) -> dic
             "tasks": names,
         }
     return out
+
+
+def _missing_at(results: Sequence[dict], tasks: Sequence[str]) -> dict[int, list[str]]:
+    scored: dict[int, set[str]] = {}
+    for r in results:
+        scored.setdefault(r["length"], set()).add(r["task"])
+    gaps = {n: [t for t in tasks if t not in scored[n]] for n in sorted(scored)}
+    return {n: gap for n, gap in gaps.items() if gap}
 
 
 def summarize(results: Sequence[dict], anchor: int | None = None) -> dict:
