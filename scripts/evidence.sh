@@ -81,7 +81,8 @@ run() {
 jobs_failed=0
 spawn() {
   while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || jobs_failed=1; done
-  run "$@" & 
+  [ "$jobs_failed" = 0 ] || return 0  # after a failure, start no more runs (drain says so)
+  run "$@" &
 }
 drain() {
   while [ -n "$(jobs -rp)" ]; do wait -n || jobs_failed=1; done
@@ -113,8 +114,9 @@ if [[ " $PARTS " == *" control "* ]]; then
   fi
 fi
 
-# stage 2 continues each seed's control: model and RoPE as it was trained
-from_control=(model=tiny_long model.rope_theta=10000.0 optim.optimizer.lr=1e-3 "data.seq_len=$SEQ2"
+# stage 2 continues each seed's control: its model (the RoPE arms set their own theta and
+# scaling; the position arms keep the control's theta 10,000)
+from_control=(model=tiny_long optim.optimizer.lr=1e-3 "data.seq_len=$SEQ2"
   "data.micro_batch_size=$ROWS2" "trainer.max_steps=$STEPS2" "trainer.val_check_interval=$STEPS2"
   "ruler_mix.tasks=[$OOD]" "ruler_mix.documents=$DOCS2" hydra.mode=RUN)
 
@@ -124,11 +126,12 @@ if [[ " $PARTS " == *" position "* ]]; then
   for seed in $SEEDS; do
     for reset in true false; do
       for mask in true false; do
-        name="reset=$reset,mask=$mask"
+        name="reset_${reset}_mask_$mask"  # the report reads the arm from the run's settings
         spawn position "$name" "$seed" "$ROOT/position/seed$seed/outputs/train/$name" true -- \
           experiment=position_ablation "run_name=$name" "paths.root_dir=$ROOT/position/seed$seed" \
           "model.init_from=$(control_of "$seed")" "data.reset_position_ids=$reset" \
-          "data.document_mask=$mask" "${from_control[@]}" "data.weights=[0.14,0.86]" \
+          "data.document_mask=$mask" "${from_control[@]}" model.rope_theta=10000.0 \
+          "data.weights=[0.14,0.86]" \
           "callbacks.ruler.tasks=[lc_passkey,lc_niah_single]" \
           "callbacks.held_out_answers.documents=$ANSWER_DOCS"
       done
@@ -151,7 +154,7 @@ if [[ " $PARTS " == *" extension "* ]]; then
       folder="$ROOT/extension/seed$seed/outputs/train/rope_arm=$arm"
       spawn extension "rope_arm=$arm" "$seed" "$folder" \
         "$PY -m longctx.eval $folder/checkpoints/last.ckpt --cache-dir $CACHE --long-factor 4 --probe-samples $SAMPLES" -- \
-        experiment=context_extension "rope_arm=$arm" "run_name=rope_arm=$arm" \
+        experiment=context_extension "rope_arm=$arm" "run_name='rope_arm=$arm'" \
         "paths.root_dir=$ROOT/extension/seed$seed" "model.init_from=$(control_of "$seed")" \
         "stage1_seq_len=$SEQ1" "${from_control[@]}"
     done
