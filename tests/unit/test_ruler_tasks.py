@@ -372,6 +372,19 @@ def test_a_length_past_the_material_is_skipped_and_said():
     }
 
 
+def test_the_suites_settings_refuse_qa_without_its_data_and_a_bad_folder(tmp_path):
+    from longctx.eval.ruler.suite import SuiteSettings
+
+    default = SuiteSettings(lengths=[1024])
+    default.check(None, "--lengths")  # the defaults: qa is skipped and said later, not refused
+    assert default.tasks == list(RULER_TASK_NAMES)
+    with pytest.raises(RulerInputError, match=r"^qa_1, qa_2 need --qa-data DIR"):
+        SuiteSettings(tasks="niah_single_1,qa_1,qa_2").check(None, "--lengths")
+    with pytest.raises(RulerInputError, match=r"^--qa-data holds neither squad.json"):
+        SuiteSettings(tasks=["qa_1"], qa_data=str(tmp_path)).check(None, "--lengths")
+    SuiteSettings(tasks=["qa_1"], qa_data=str(QA)).check(None, "--lengths")
+
+
 # --------------------------------------------------------------------------- determinism
 def test_the_same_seed_gives_the_same_tokens():
     def draw(seed):
