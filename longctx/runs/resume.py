@@ -79,7 +79,7 @@ def resume_point(
     training: dict | None = None,
 ) -> ResumePoint | None:
     """The checkpoint this start resumes from (checked, see the module docstring), or None for
-    a fresh start."""
+    a fresh start. ``training``: this start's :func:`training_settings` (None: not compared)."""
     try:
         resume = resolve_ckpt_path(ckpt_path, output_dir)
         if resume is None and (resume := auto_resume_path(output_dir)):
@@ -88,16 +88,18 @@ def resume_point(
         raise ResumeRefused(f"ckpt_path={ckpt_path}: {err}") from err
     if resume is None:
         return None
-    training = training or {}
     try:
-        allowed = check_resume(resume.contents, identity, allowed_changes, resume.path, training)
+        allowed = check_resume(
+            resume.contents, identity, allowed_changes, resume.path, training or {}
+        )
     except ResumeMismatch as err:
         raise ResumeRefused(str(err)) from err
     if CHECKPOINT_KEY not in resume.contents:
         print(f"{resume.path} stores no run identity (an older checkpoint): not checked")
     for key, (old, new) in allowed.items():
         print(f"resuming with a change allowed by allow_resume_changes: {key}: {old!r} -> {new!r}")
-    check_training_changes(resume, training, allowed_changes)
+    if training is not None:
+        check_training_changes(resume, training, allowed_changes)
     return resume
 
 

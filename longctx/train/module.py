@@ -172,9 +172,8 @@ class LongCtxModule(L.LightningModule):
         self.tokens_seen = 0
         self._micro_batch_rows: int | None = None  # seen in training; part of the global batch
         self._resumed_global_batch: GlobalBatch | None = None  # to keep, from a checkpoint
-        self._resumed = (
-            False  # the optimizer's settings come from a checkpoint until on_train_start
-        )
+        # set by a checkpoint load: its optimizer settings are replaced in on_train_start
+        self._resumed = False
         self._reset_accumulators()
         self.val_position_loss: PositionLoss | None = None
 
