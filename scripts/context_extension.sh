@@ -3,8 +3,8 @@
 # model at 256 tokens (experiment=context_extension_stage1), stage 2 extends it 8x to 2048 as a
 # multirun over the RoPE arms {unchanged, ABF theta x50, linear, YaRN} from stage 1's weights
 # (experiment=context_extension, model.init_from); both stages read the embedded corpus mixed 1:1
-# with synthesized long-range documents (python -m longctx.data.synthesize, written here when
-# absent). Every arm is then evaluated on the long held-out documents out to 4x its length with
+# with synthesized long-range documents (the experiments' ruler_mix: each stage's first run
+# synthesizes it into the cache, later ones reuse it). Every arm is then evaluated on the long held-out documents out to 4x its length with
 # the passkey probe, and on the effective-length suite at 1/4 .. 4x its length (the same
 # instances for every arm and seed); the per-seed table and figure are written
 # (python -m longctx.experiments.extension_report), then the suite per arm over both seeds, paired with
@@ -44,22 +44,14 @@ for seed in $SEEDS; do
   fi
 done
 start=$SECONDS
-# the mix of a length: its name says what it holds (a folder of that name is reused)
-mix_of() { echo "$CACHE/ruler_mix_L$1_s${MIX_SEED}_n${MIX_DOCUMENTS}_${MIX_TASKS//,/-}"; }
+# the mix's settings (its length is the stage's data.seq_len)
+mix=("ruler_mix.seed=$MIX_SEED" "ruler_mix.documents=$MIX_DOCUMENTS" "ruler_mix.tasks=[$MIX_TASKS]")
 STAGE1="${STAGE1:-}"
 source scripts/checks.sh
 for var in SEQ1 STEPS1 STEPS2 ROWS2; do positive_int "$var" "${!var}"; done
 existing_path STAGE1 "$STAGE1"
 if [ -n "$STAGE1" ]; then stage1_note="stage 1: $STAGE1 (given)"
 else stage1_note="tiny, stage 1: $STEPS1 x 8 x $SEQ1"; fi
-for length in $([ -n "$STAGE1" ] || echo "$SEQ1") "$SEQ2"; do
-  mix="$(mix_of "$length")"
-  if [ ! -e "$mix/manifest.json" ]; then
-    "$PY" -m longctx.data.synthesize --tasks "$MIX_TASKS" --seed "$MIX_SEED" \
-      --documents "$MIX_DOCUMENTS" --min-length 16 --max-length "$length" --out "$mix" \
-      --cache-dir "$CACHE"
-  fi
-done
 
 for seed in $SEEDS; do
   runs="$ROOT/seed$seed"
@@ -67,13 +59,13 @@ for seed in $SEEDS; do
   if [ -z "$STAGE1" ]; then
     "$PY" train.py experiment=context_extension_stage1 run_name=stage1 "paths.root_dir=$runs" \
       logger=csv "paths.cache_dir=$CACHE" "seed=$seed" "data.seq_len=$SEQ1" \
-      "ruler_mix=$(mix_of "$SEQ1")" "trainer.max_steps=$STEPS1" \
+      "${mix[@]}" "trainer.max_steps=$STEPS1" \
       "trainer.val_check_interval=$(( STEPS1 < 200 ? STEPS1 : 200 ))" "$@"
   fi
 
   "$PY" train.py -m experiment=context_extension "model.init_from=$stage1" \
     "paths.root_dir=$runs" logger=csv "paths.cache_dir=$CACHE" "seed=$seed" \
-    "stage1_seq_len=$SEQ1" "data.seq_len=$SEQ2" "data.micro_batch_size=$ROWS2" "ruler_mix=$(mix_of "$SEQ2")" \
+    "stage1_seq_len=$SEQ1" "data.seq_len=$SEQ2" "data.micro_batch_size=$ROWS2" "${mix[@]}" \
     "trainer.max_steps=$STEPS2" "trainer.val_check_interval=$(( STEPS2 < 50 ? STEPS2 : 50 ))" "$@"
   sweep="$(ls -d "$runs"/multirun/train/* | sort | tail -1)"
 

@@ -34,19 +34,16 @@ if [ -n "$INIT_FROM" ]; then start_from=("model.init_from=$INIT_FROM"); from_not
 TASKS="${TASKS:-lc_passkey,lc_niah_single,lc_niah_multikey,lc_copy}"
 LENGTHS="${LENGTHS:-$(( SEQ / 4 )) $(( SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
-MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}_n${DOCS}"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
 if [ -e "$ROOT/multirun" ]; then
   echo "position_ablation: $ROOT/multirun exists (an earlier run); pass another RUNS_ROOT" >&2
   exit 2
 fi
 start=$SECONDS
-if [ ! -e "$MIX/manifest.json" ]; then
-  "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,lc_passkey,lc_niah_single --seed "$MIX_SEED" \
-    --documents "$DOCS" --min-length 64 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
-fi
+# the first run synthesizes the mix (experiment=position_ablation's ruler_mix) into $CACHE
 "$PY" train.py -m experiment=position_ablation "model=$MODEL" "paths.root_dir=$ROOT" logger=csv \
-  "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "data.seq_len=$SEQ" "data.micro_batch_size=$ROWS" "${start_from[@]}" \
+  "paths.cache_dir=$CACHE" "ruler_mix.seed=$MIX_SEED" "ruler_mix.documents=$DOCS" \
+  "data.seq_len=$SEQ" "data.micro_batch_size=$ROWS" "${start_from[@]}" \
   "trainer.max_steps=$STEPS" "trainer.val_check_interval=${VAL_EVERY:-$(( STEPS < 100 ? STEPS : 100 ))}" "$@"
 sweep="$(ls -d "$ROOT"/multirun/train/* | sort | tail -1)"
 for run in "$sweep"/*/; do
@@ -58,6 +55,6 @@ seconds=$(( SECONDS - start ))
 note="$MODEL $from_note, L=$SEQ, $STEPS steps x $ROWS rows per arm and seed, the embedded corpus + the long-range mix (seed $MIX_SEED) 1:1, train seeds 0 and 1, instance seed $INSTANCE_SEED; ${seconds} s wall"
 "$PY" -m longctx.experiments.analysis "$sweep" --out "$OUT.png" --title "$note"
 "$PY" -m longctx.experiments.ruler_report "$sweep" --arm-by position --json "${OUT}_ruler.json" \
-  --extra "{\"mix_seed\": $MIX_SEED, \"mix\": \"$(basename "$MIX")\", \"train_seeds\": [0, 1], \"wall_s\": $seconds}" \
+  --extra "{\"mix_seed\": $MIX_SEED, \"mix_documents\": $DOCS, \"train_seeds\": [0, 1], \"wall_s\": $seconds}" \
   --note "$note"
 echo "position_ablation: ${seconds} s in all; results in $sweep"

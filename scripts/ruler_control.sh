@@ -13,7 +13,8 @@
 # and depth, 10), LENGTHS (default SEQ/2 (>= 192), SEQ, 2 SEQ), MIX_DOCUMENTS (20000 per task;
 # the repeat folder 3x), OUT (default docs/ruler_control.json; the figure goes beside it as .png),
 # PARALLEL (1: the two arms at once, one thread each, their logs in RUNS_ROOT/<arm>.log; 0: in turn).
-# A folder of the mix's name in the cache is reused.
+# The control arm synthesizes its two mixes (experiment=ruler_control's ruler_mix and ruler_repeat)
+# into the cache on first use; a later run with the same settings reuses them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -25,7 +26,6 @@ TASKS="lc_passkey,lc_niah_single,lc_copy"
 # half the training length (at least the needle tasks' minimum), the training length, twice it
 LENGTHS="${LENGTHS:-$(( SEQ / 2 < 192 ? 192 : SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
-MIX="$CACHE/ruler_mix_L${SEQ}_s${MIX_SEED}_n${DOCS}" REPEAT="$CACHE/ruler_repeat_L${SEQ}_s$(( MIX_SEED + 1 ))_n$(( 3 * DOCS ))"
 source scripts/checks.sh
 for var in SEQ SAMPLES; do positive_int "$var" "${!var}"; done
 one_of PARALLEL "$PARALLEL" 0 1
@@ -35,20 +35,13 @@ if [ -e "$ROOT/outputs/train" ]; then
   exit 2
 fi
 start=$SECONDS
-if [ ! -e "$MIX/manifest.json" ]; then
-  "$PY" -m longctx.data.synthesize --tasks kv_recall,copy,lc_passkey,lc_niah_single --seed "$MIX_SEED" \
-    --documents "$DOCS" --min-length 32 --max-length "$SEQ" --out "$MIX" --cache-dir "$CACHE"
-fi
-if [ ! -e "$REPEAT/manifest.json" ]; then
-  "$PY" -m longctx.data.synthesize --tasks repeat --seed $(( MIX_SEED + 1 )) --documents $(( 3 * DOCS )) \
-    --min-length 16 --max-length "$SEQ" --out "$REPEAT" --cache-dir "$CACHE"
-fi
 # one arm: train, then score on the suite; its wall time goes to $ROOT/<arm>.wall_s
 run_arm() {
   local arm=$1 t=$SECONDS
   shift
   "$PY" train.py "experiment=$arm" "run_name=$arm" "paths.root_dir=$ROOT" logger=csv \
-    "paths.cache_dir=$CACHE" "ruler_mix=$MIX" "ruler_repeat=$REPEAT" "seed=$SEED" \
+    "paths.cache_dir=$CACHE" "ruler_mix.seed=$MIX_SEED" "ruler_mix.documents=$DOCS" \
+    "ruler_repeat.seed=$(( MIX_SEED + 1 ))" "ruler_repeat.documents=$(( 3 * DOCS ))" "seed=$SEED" \
     "data.seq_len=$SEQ" "$@"
   "$PY" -m longctx.eval "$ROOT/outputs/train/$arm/checkpoints/last.ckpt" --suite ruler \
     --tasks "$TASKS" --lengths $LENGTHS --depths 0 0.25 0.5 0.75 1 --samples "$SAMPLES" \
@@ -70,8 +63,8 @@ else
   run_arm ruler_control_nomix "$@"
 fi
 seconds=$(( SECONDS - start ))
-extra=$(printf '{"control_arm": "ruler_control", "negative_arm": "ruler_control_nomix", "train_seed": %s, "mix_seed": %s, "mix": ["%s", "%s"], "training_length": %s, "wall_s": %s, "arm_wall_s": {"ruler_control": %s, "ruler_control_nomix": %s}}' \
-  "$SEED" "$MIX_SEED" "$(basename "$MIX")" "$(basename "$REPEAT")" "$SEQ" "$seconds" \
+extra=$(printf '{"control_arm": "ruler_control", "negative_arm": "ruler_control_nomix", "train_seed": %s, "mix_seed": %s, "mix_documents": [%s, %s], "training_length": %s, "wall_s": %s, "arm_wall_s": {"ruler_control": %s, "ruler_control_nomix": %s}}' \
+  "$SEED" "$MIX_SEED" "$DOCS" "$(( 3 * DOCS ))" "$SEQ" "$seconds" \
   "$(cat "$ROOT/ruler_control.wall_s")" "$(cat "$ROOT/ruler_control_nomix.wall_s")")
 "$PY" -m longctx.experiments.ruler_report "$ROOT/outputs/train" --arm-by group --control ruler_control \
   --json "$OUT" --extra "$extra" \

@@ -44,16 +44,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def tiny_position_ablation(tmp_path_factory) -> list[str]:
-    """Overrides that shrink ``experiment=position_ablation`` to 256-token rows: a small
-    synthesized long-range mix beside the embedded corpus, the 2x2 grid of one seed, and the
-    in-loop suite's tasks that fit 256 tokens."""
-    from helpers import CACHE_DIR
-
-    from longctx.data.synthesize import synthesize
-
-    out = tmp_path_factory.mktemp("ruler_mix") / "mix"
-    tasks = "kv_recall,copy,passkey,niah_single"
-    synthesize(tasks, out, seed=1000, documents=50, max_length=256, cache_dir=str(CACHE_DIR))
-    return ["experiment=position_ablation", f"ruler_mix={out}", "seed=0",
-            "callbacks.ruler.tasks=[passkey,niah_single,copy]"]  # fmt: skip
+def tiny_position_ablation() -> list[str]:
+    """Overrides that shrink ``experiment=position_ablation``: a small long-range mix beside the
+    embedded corpus (synthesized into the cache on first use, its rows as long as data.seq_len),
+    the 2x2 grid of one seed, and the in-loop suite's tasks that fit 256 tokens."""
+    return ["experiment=position_ablation", "ruler_mix.documents=50", "seed=0",
+            "callbacks.ruler.tasks=[lc_passkey,lc_niah_single,lc_copy]"]  # fmt: skip

@@ -44,11 +44,49 @@ class LengthUpsampling:
             raise ValueError(f"{where}.per_source={self.per_source!r}; expected true or false")
 
 
+@dataclasses.dataclass(frozen=True)
+class Synthesized:
+    """A ``data.shards`` entry named by its settings, not by a folder: long-range documents
+    (python -m longctx.data.synthesize, whose options these are), synthesized into the cache on
+    first use. The same settings read the same folder; other settings, another one."""
+
+    tasks: tuple[str, ...]
+    seed: int = 0
+    documents: int = 2000  # per task
+    min_length: int = 64
+    max_length: int = 1024
+    haystack: str = "embedded"  # the embedded corpus's training chapters, noise, or a folder
+    tokenizer: str | None = None  # None: the run's (data.tokenizer; the bytes when unset)
+
+    def __post_init__(self) -> None:
+        from longctx.data.synthesize import check_settings  # the owner of these rules
+
+        names = check_settings(self.tasks, self.seed, self.documents, self.min_length,
+                               self.max_length)  # fmt: skip
+        object.__setattr__(self, "tasks", tuple(names))
+
+    @classmethod
+    def from_entry(cls, entry: dict, where: str) -> Synthesized:
+        """From a config mapping; an unknown or missing key is refused naming it."""
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(entry) - set(fields))
+        if unknown or "tasks" not in entry:
+            what = f"unknown key {unknown[0]!r}" if unknown else "no tasks"
+            raise ValueError(
+                f"DataConfig.{where}={entry!r}: {what}; expected a folder, 'embedded', or the "
+                f"settings of a synthesized mix ({', '.join(fields)})"
+            )
+        try:
+            return cls(**entry)
+        except ValueError as err:
+            raise ValueError(f"DataConfig.{where}: {err}") from err
+
+
 @dataclasses.dataclass
 class DataConfig:
-    # prepared folders, the name "embedded" among them standing for the embedded corpus;
-    # None -> the embedded corpus alone
-    shards: list[str] | None = None
+    # prepared folders, the name "embedded" among them standing for the embedded corpus, and
+    # synthesized mixes named by their settings (Synthesized); None -> the embedded corpus alone
+    shards: list[str | Synthesized] | None = None
     weights: list[float] | None = None  # mixing weights, one per folder
     seq_len: int = 2048
     packer: str = "best_fit"  # "concat_chunk" | "best_fit"
@@ -87,6 +125,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         if isinstance(self.shards, str):  # data.shards=/one/folder: one source, not its letters
             self.shards = [self.shards]
+        if self.shards is not None:
+            self.shards = [_shard(entry, f"shards[{i}]") for i, entry in enumerate(self.shards)]
         self.stages = _stages(self.stages)
         if isinstance(self.length_upsampling, dict):  # Hydra hands nested configs over as dicts
             self.length_upsampling = LengthUpsampling(**self.length_upsampling)
@@ -171,6 +211,18 @@ def _stages(stages: Any) -> list[Stage] | None:
             )
         out.append(stage)
     return out or None
+
+
+def _shard(entry: Any, where: str) -> str | Synthesized:
+    """A folder (or 'embedded') as given; a mapping (Hydra's form of a node) as Synthesized."""
+    if isinstance(entry, dict):
+        return Synthesized.from_entry(entry, where)
+    if not isinstance(entry, str | os.PathLike | Synthesized):
+        raise ValueError(
+            f"DataConfig.{where}={entry!r}; expected a folder, 'embedded', or the settings of a "
+            "synthesized mix"
+        )
+    return entry
 
 
 def _check_tokenizer_name(name: Any) -> None:

@@ -12,11 +12,15 @@ training length is measured on (longctx.eval.long_documents).
 
 ``default_corpus_dir()`` prepares it (byte tokenizer) on first use into
 ``$LONGCTX_CACHE`` (default ``~/.cache/longctx``) under a file lock, so DDP ranks that call it
-at once prepare it once; later calls only check the manifest.
+at once prepare it once; later calls only check the manifest. ``synthesized_dir()`` does the
+same for a synthesized long-range mix that ``data.shards`` names by its settings (an
+experiment's mix: no separate step before the first run).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import importlib.util
@@ -25,8 +29,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from longctx.data.config import Synthesized
 from longctx.data.prepare import prepare
-from longctx.data.shards import MANIFEST_NAME
+from longctx.data.shards import MANIFEST_NAME, load_manifest
 from longctx.io import atomic_write_bytes
 
 KJV_SHA256 = "51a4d6ed5592001b9386e2f292d3953132a2662240eb8ad08533d625f1259717"
@@ -130,15 +135,23 @@ def _tokenized_name(name: str, tokenizer: str | None) -> str:
     return f"{name}-hf-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
 
 
+@contextlib.contextmanager
+def _cache_lock(cache_dir, name: str) -> Iterator[Path]:
+    """Holds ``cache_root/name``'s lock (DDP ranks preparing it at once prepare it once);
+    yields the folder."""
+    root = cache_root(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield root / name
+
+
 def _prepared(
     name: str, records, val_fraction: float, cache_dir, progress: bool, tokenizer=None
 ) -> Path:
     """``cache_root/name``, prepared from ``records(kjv source)`` once, under a lock."""
-    root = cache_root(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    out = root / name
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with _cache_lock(cache_dir, name) as out:
+        root = out.parent
         source = kjv_source_path()
         jsonl = root / f"{name}.jsonl"
         if not jsonl.is_file() or not (out / MANIFEST_NAME).is_file():
@@ -153,3 +166,50 @@ def _prepared(
             progress=progress,
         )
     return out
+
+
+# --------------------------------------------------------------------------- synthesized mixes
+def synthesized_dir(
+    spec: Synthesized, cache_dir: str | Path | None = None, default_tokenizer: str | None = None
+) -> Path:
+    """The folder of a synthesized mix (a ``data.shards`` entry named by its settings) in the
+    cache, synthesized once (under a lock) if needed. Its name is a digest of the settings and
+    of the generator's version: the same settings find it again, changed ones get another.
+    ``default_tokenizer``: the run's (data.tokenizer), for a spec that names none."""
+    from longctx.data import synthesize as synth  # the task generators: only for a mix
+
+    spec = dataclasses.replace(spec, tokenizer=spec.tokenizer or default_tokenizer or "byte")
+    settings = dataclasses.asdict(spec) | {"version": synth.VERSION}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    name = f"synthesized_L{spec.min_length}-{spec.max_length}_s{spec.seed}_{digest}"
+    with _cache_lock(cache_dir, name) as out:
+        if not (out / MANIFEST_NAME).is_file():
+            try:
+                manifest = synth.synthesize(
+                    spec.tasks, out, spec.seed, spec.documents, spec.min_length,
+                    spec.max_length, spec.haystack, spec.tokenizer,
+                    None if cache_dir is None else str(cache_dir),
+                )  # fmt: skip
+            except ValueError as err:  # the mix's settings, in the terms of the config
+                raise ValueError(f"data.shards: the synthesized mix {settings}: {err}") from err
+            train = manifest.splits["train"]
+            print(
+                f"synthesized {train.documents} documents ({', '.join(spec.tasks)}; seed "
+                f"{spec.seed}, {spec.min_length}..{spec.max_length} tokens, {train.tokens} in "
+                f"all) into {out}",
+                flush=True,
+            )
+        _check_synthesized(out, settings)
+    return out
+
+
+def _check_synthesized(folder: Path, settings: dict) -> None:
+    """The folder's manifest records the settings its name stands for (never a stale mix)."""
+    recorded = load_manifest(folder).sources
+    keys = ("version", "tasks", "seed", "documents", "min_length", "max_length")
+    expected = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
+    if len(recorded) != 1 or any(recorded[0].get(k) != expected[k] for k in keys):
+        raise ValueError(
+            f"{folder} holds documents synthesized with other settings ({recorded}); expected "
+            f"{ {k: expected[k] for k in keys} }: remove the folder to synthesize it again"
+        )

@@ -23,8 +23,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from longctx.batch import PackedBatch
-from longctx.data.config import DataConfig
-from longctx.data.corpus import EMBEDDED, default_corpus_dir
+from longctx.data.config import DataConfig, Synthesized
+from longctx.data.corpus import EMBEDDED, default_corpus_dir, synthesized_dir
 from longctx.data.packing import PackedRow, collate_rows, make_packer
 from longctx.data.shards import Manifest, ShardSet, load_manifest
 from longctx.data.streams import (
@@ -129,24 +129,25 @@ class LongCtxDataModule(L.LightningDataModule):
             logger.log_metrics({"data/long_token_share": after}, step=0)
 
     def folders(self) -> list[Path]:
-        """The prepared folders read: data.shards (the name ``embedded`` is the embedded corpus),
-        or the embedded corpus alone (prepared on first use)."""
+        """The prepared folders read: data.shards (the name ``embedded`` is the embedded corpus,
+        a Synthesized entry a synthesized mix), or the embedded corpus alone (both prepared on
+        first use)."""
         if self._folders is None:
             if self.config.shards is None:
-                self._folders = [
-                    default_corpus_dir(self.config.cache_dir, tokenizer=self.config.tokenizer)
-                ]
+                self._folders = [self._folder(EMBEDDED)]
             else:
                 if not self.config.shards:
                     raise ValueError("DataConfig.shards=[]; expected prepared folders or None")
-                cache = self.config.cache_dir
-                self._folders = [
-                    default_corpus_dir(cache, tokenizer=self.config.tokenizer)
-                    if f == EMBEDDED
-                    else Path(f)
-                    for f in self.config.shards
-                ]
+                self._folders = [self._folder(entry) for entry in self.config.shards]
         return self._folders
+
+    def _folder(self, entry: str | Synthesized) -> Path:
+        cache = self.config.cache_dir
+        if isinstance(entry, Synthesized):
+            return synthesized_dir(entry, cache, default_tokenizer=self.config.tokenizer)
+        if entry == EMBEDDED:
+            return default_corpus_dir(cache, tokenizer=self.config.tokenizer)
+        return Path(entry)
 
     def _open(self) -> list[ShardSet]:
         if self._train is None:

@@ -35,16 +35,21 @@ every random choice comes from a stream named ``synthesize/<seed>/...`` (the sui
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
+import os
 import random
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from longctx.cli import command
+from longctx.data.config import Synthesized
 from longctx.data.haystack import resolve_haystack
 from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, load_manifest, write_manifest
 from longctx.data.tokenizer import load_tokenizer
@@ -154,10 +159,16 @@ def synthesize(
     tokenizer="byte",
     cache_dir: str | None = None,
 ) -> Manifest:
-    """Write ``documents`` per task into ``out`` (new or empty); see the module docstring."""
-    names = check_tasks(tasks)
+    """Write ``documents`` per task into ``out`` (new or empty); see the module docstring. The
+    folder appears whole or not at all: a refusal midway (a task that does not fit
+    ``max_length``) or a crash leaves nothing behind."""
+    names = check_settings(tasks, seed, documents, min_length, max_length)
     out = Path(out)
-    _check_options(out, seed, documents, min_length, max_length)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RulerInputError(
+            f"--out is not a new or empty folder ({out}); choose another, synthesize never "
+            "writes among other files"
+        )
     tok = load_tokenizer(tokenizer)
     source = resolve_haystack(haystack, cache_dir)
     options = {
@@ -165,12 +176,21 @@ def synthesize(
         "min_length": min_length, "max_length": max_length,
         "haystack": getattr(source, "name", str(haystack)), "tokenizer": tok.spec,
     }  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
+    with staged_folder(out) as folder:
+        return _write(folder, options, tok, source)
+
+
+def _write(folder: Path, options: dict, tok, source) -> Manifest:
+    names, seed, lengths = (
+        options["tasks"],
+        options["seed"],
+        (options["min_length"], options["max_length"]),
+    )
     dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32).name
-    writer = SplitWriter(out, "train-00000", dtype, SHARD_TOKENS)
-    for i in range(documents * len(names)):
+    writer = SplitWriter(folder, "train-00000", dtype, SHARD_TOKENS)
+    for i in range(options["documents"] * len(names)):
         name = names[i % len(names)]
-        writer.add(document(name, i // len(names), seed, tok, (min_length, max_length), source))
+        writer.add(document(name, i // len(names), seed, tok, lengths, source))
     manifest = Manifest(
         input_hash=hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest(),
         tokenizer=tok.spec,
@@ -180,32 +200,55 @@ def synthesize(
         dtype=dtype,
         val_fraction=0.0,
         sources=[options],
-        splits={"train": writer.close(), "val": SplitWriter(out, "val", dtype, 1).close()},
+        splits={"train": writer.close(), "val": SplitWriter(folder, "val", dtype, 1).close()},
         format_version=FORMAT_VERSION,
     )
-    write_manifest(out, manifest)
+    write_manifest(folder, manifest)
     return manifest
 
 
-def _check_options(out: Path, seed, documents, min_length, max_length) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RulerInputError(
-            f"--out is not a new or empty folder ({out}); choose another, synthesize never "
-            "writes among other files"
-        )
+@contextlib.contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A new folder beside ``out``, renamed to ``out`` (new or empty) when the block completes;
+    removed, with the parent folders made for it, when the block raises."""
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # innermost first
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    stage.chmod(0o777 & ~umask)  # as a plain mkdir would (mkdtemp makes it private)
+    try:
+        yield stage
+        os.rename(stage, out)  # onto an empty folder too (POSIX)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        for parent in made:
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        raise
+
+
+def check_settings(tasks, seed, documents, min_length, max_length) -> list[str]:
+    """The task names, once the settings are ones synthesize can use (else one line naming the
+    value)."""
+    names = check_tasks(tasks)
     for name, value, least in (("seed", seed, 0), ("documents", documents, 1),
                                ("min_length", min_length, 2)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise RulerInputError(f"{name}={value!r}; expected an int >= {least}")
-    if not isinstance(max_length, int) or max_length < min_length:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < min_length:
         raise RulerInputError(
             f"max_length={max_length!r}; expected an int >= min_length={min_length}"
         )
+    return names
 
 
-def holds_only_training_haystacks(folder: str | Path) -> bool:
-    """True for a folder this module wrote from the embedded training chapters or noise: its
-    documents share no text with the embedded corpus's held-out books."""
+def holds_only_training_haystacks(folder: str | Path | Synthesized) -> bool:
+    """True for a folder this module wrote from the embedded training chapters or noise (or a
+    data.shards entry naming one by its settings): its documents share no text with the
+    embedded corpus's held-out books."""
+    if isinstance(folder, Synthesized):
+        return folder.haystack in ("embedded", "noise")
     try:
         sources = load_manifest(folder).sources
     except (FileNotFoundError, ValueError):  # not a prepared folder: the reader will say so

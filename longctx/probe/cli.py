@@ -55,7 +55,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.tolerances = check_tolerances(dict(_pair(t) for t in args.tolerance))
     if args.batches < 1:
         raise ValueError(f"--batches ({args.batches}) must be at least 1; pass --batches 1 or more")
+    check_out(args.out)
     return args
+
+
+def check_out(out: str | None) -> None:
+    """--out names a new file in a folder (or where one can be made): refused before the probe
+    runs, not after; an existing file is never overwritten."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"--out is a folder ({path}); pass a file, e.g. {path / 'probe.json'}"
+        )
+    if path.exists() or path.is_symlink():
+        raise FileExistsError(
+            f"--out exists ({path}); pass a new file, the probe never overwrites one"
+        )
+    parent = next(p for p in path.absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise NotADirectoryError(f"--out is inside a file ({parent}); pass a path in a folder")
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -103,9 +123,11 @@ def probe_run(cfg: DictConfig, args: argparse.Namespace) -> int:
     from longctx.probe.callback import LeakProbe
     from longctx.probe.checks import check_probeable
     from longctx.probe.data import run_rows
+    from longctx.train import console
     from longctx.train.app import build_datamodule, build_module
     from longctx.train.preflight import instantiate_config, preflight
 
+    console.quiet_lightning()  # what train.py silences (the srun hint, ...) the probe does too
     model_config = instantiate_config("model", cfg.model)
     data_config = instantiate_config("data", cfg.data)
     parallel = instantiate_config("parallel", cfg.parallel)

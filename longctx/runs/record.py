@@ -68,9 +68,14 @@ DATA_TARGETS: dict[str, Callable[..., Any]] = {"longctx.data.DataConfig": _data_
 
 
 def plain(value):
-    """JSON types only (lists for tuples and ListConfigs): loadable with weights_only=True,
-    and equal after a save/load round trip."""
-    return json.loads(json.dumps(value, default=list))
+    """JSON types only (lists for tuples and ListConfigs, dicts for dataclasses such as a
+    synthesized data.shards entry): loadable with weights_only=True, and equal after a
+    save/load round trip."""
+    return json.loads(json.dumps(value, default=_plain_default))
+
+
+def _plain_default(value):
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else list(value)
 
 
 class RunRecord(L.Callback):

@@ -2,8 +2,8 @@
 bar in optimizer steps, a one-line model summary, and at the end where the run is and how to
 look at it.
 
-Each silenced message says here why it does not apply. Everything else Lightning says (the
-devices it found, its own refusals) is left as it is.
+Each silenced message says here why it does not apply. Everything else Lightning says (its own
+refusals, a GPU left unused) is left as it is.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ SILENCED_INFO = (
     "💡 Tip: For seamless cloud logging",
     # Lightning's note that it adds no summary of its own: ParameterSummary below replaces it
     "Trainer already configured with model summary callbacks",
+    # which accelerators exist (TPUs on every CPU run): preflight chose the device from
+    # trainer.accelerator and refuses a missing one, and ParameterSummary's line says where the
+    # model runs (Lightning's "GPU available but not used" warning stays)
+    "GPU available: ",
+    "TPU available: ",
 )
 
 
@@ -74,9 +79,10 @@ class ParameterSummary(ModelSummary):
             return
         params = sum(p.numel() for p in pl_module.parameters())
         trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
+        device, count = trainer.strategy.root_device.type, trainer.num_devices
         rank_zero_info(
             f"model: {type(getattr(pl_module, 'model', pl_module)).__name__}, {params:,} "
-            f"parameters ({trainable:,} trainable)"
+            f"parameters ({trainable:,} trainable), on {device if count == 1 else f'{count} x {device}'}"
         )
 
 

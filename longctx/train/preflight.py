@@ -66,6 +66,15 @@ def instantiate_config(group: str, node: DictConfig):
         raise ConfigError(f"{group}: {refusal}") from err
 
 
+def check_callbacks(cfg: DictConfig) -> None:
+    """Each callback's constructor accepts its settings: one refuses a bad one (RulerEval's
+    factor=0, say) here, named callbacks.<name>, not in a Hydra traceback once data is ready.
+    The constructors only store and check their settings, so building them twice is free."""
+    for name, node in (cfg.get("callbacks") or {}).items():
+        if node is not None:
+            instantiate_config(f"callbacks.{name}", node)
+
+
 def training_device(trainer_cfg: DictConfig) -> torch.device:
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
     if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
@@ -211,6 +220,7 @@ def preflight(
         check_planner(cfg)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    check_callbacks(cfg)
     for warning in unreached_stages(data_config.stages, cfg.trainer.get("max_steps")):
         print(warning, flush=True)
     device = training_device(cfg.trainer)

@@ -22,6 +22,8 @@ NOISE = (
     "Epoch 0/",
     "LeafSpec",
     "IterableDataset",
+    "GPU available:",
+    "TPU available:",
 )
 
 
