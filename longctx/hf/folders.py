@@ -76,15 +76,18 @@ def check_no_remote_code(folder: str | Path) -> None:
 
 
 def check_override_names(overrides: dict, where: str = "model.config_overrides") -> None:
-    """Refuse an override that is a loader option, longctx's own option, or a private key."""
-    for key in overrides:
+    """Refuse an override that is a loader option, longctx's own option, or a private key, at
+    any depth (a nested dict is a sub-config's fields)."""
+    for key, value in overrides.items():
         if not isinstance(key, str) or key.startswith("_") or key in LOADER_OPTIONS:
             raise ValueError(
                 f"{where}.{key} is a loader option or private key, not a model config field; "
                 "longctx loads local folders only, without their code (a stored or given "
                 "config sets no loader option)"
             )
-        if key in LONGCTX_OPTIONS:
+        if key in LONGCTX_OPTIONS and where == "model.config_overrides":
             raise ValueError(
                 f"{where}.{key} is set by longctx from {LONGCTX_OPTIONS[key]}; set that instead"
             )
+        if isinstance(value, dict):
+            check_override_names(value, f"{where}.{key}")

@@ -109,6 +109,13 @@ def test_no_loader_option_comes_from_config_overrides(folders, option):
     one_line(err)
 
 
+def test_a_nested_loader_option_is_refused(folders):
+    plain, _, _ = folders
+    nested = {"text_config": {"trust_remote_code": True}}
+    with pytest.raises(ValueError, match=r"text_config\.trust_remote_code is a loader option"):
+        HFModelSpec(path=plain, config_overrides=nested)
+
+
 def test_longctx_options_and_unknown_fields_are_named(folders):
     plain, _, _ = folders
     with pytest.raises(ValueError, match="dtype is set by longctx from model.dtype"):
