@@ -220,11 +220,20 @@ def _first_failure(err, folder: Path) -> Exception:
 def read_sharded_tensors(folder: str | os.PathLike, prefix: str) -> dict[str, torch.Tensor]:
     """Every tensor of the folder whose name starts with ``prefix`` (the prefix removed), whole,
     on the CPU: allocated at the shapes and dtypes its index states, then loaded as data."""
+    folder = Path(folder)
     entries = read_dcp_metadata(folder).state_dict_metadata
-    tensors = {
-        name: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+    wanted = {
+        name: entry
         for name, entry in entries.items()
         if name.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
     }
+    stated = sum(e.size.numel() * e.properties.dtype.itemsize for e in wanted.values())
+    held = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    if stated > held:  # an index that claims more than the folder holds: allocate nothing
+        raise UnreadableShardedCheckpoint(
+            f"sharded checkpoint {folder}: its index states {stated} bytes of tensors but the "
+            f"folder holds {held}; expected a complete checkpoint folder"
+        )
+    tensors = {n: torch.empty(tuple(e.size), dtype=e.properties.dtype) for n, e in wanted.items()}
     load_sharded(tensors, folder)
     return {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}

@@ -320,3 +320,20 @@ def test_an_export_record_without_its_fields_is_one_line(tmp_path, record):
     with pytest.raises(ValueError, match=r"longctx_export\.json has no valid") as err:
         verify(tmp_path)
     assert "re-export" in one_line(err)
+
+
+def test_an_index_that_claims_more_than_the_folder_holds_allocates_nothing(tmp_path):
+    """eval reads a sharded checkpoint's tensors at the shapes its index states: a 4 TB claim in
+    a 2 kB folder is refused before anything is allocated."""
+    from longctx.runs.sharded import read_sharded_tensors
+
+    folder = tmp_path / "ckpt"
+    dcp.save({"state_dict": {"model.w": torch.randn(4, 3)}}, checkpoint_id=folder)
+    assert read_sharded_tensors(folder, "state_dict.")["model.w"].shape == (4, 3)
+    metadata = read_dcp_metadata(folder)
+    metadata.state_dict_metadata["state_dict.model.w"].size = torch.Size([10**6, 10**6])
+    with open(folder / METADATA_FILE, "wb") as f:
+        pickle.dump(metadata, f)
+    with pytest.raises(ValueError, match="states 4000000000000 bytes of tensors") as err:
+        read_sharded_tensors(folder, "state_dict.")
+    one_line(err)
