@@ -296,7 +296,8 @@ class RunStart:
             )
         keep = self.hydra.kept_on_overwrite(previous, FolderState.of(self.run).entries)
         removed = sorted(
-            e + ("/" if (self.run / e).is_dir() else "") for e in _top(previous) - set(keep)
+            e + ("/" if (self.run / e).is_dir() else "")
+            for e in _top(previous) - {*keep, RUN_MARKER}  # the marker: written again
         )
         aside = self.run.with_name(f".{self.run.name}.overwritten-{secrets.token_hex(4)}")
         try:  # one step: the run is whole, or no longer under its name
