@@ -4,17 +4,18 @@ templates and answer prefixes verbatim (``scripts/data/synthetic/constants.py``)
 Differences from RULER's own generator, each for a stated reason, are listed point by point in
 docs/effective-length.md: lengths are exact (the last unit is cut), the needle at the
 instance's depth is the one asked, whitespace between units follows the separator of each
-haystack (RULER: " " or "\\n"), and no worked example precedes vt and cwe.
+haystack (RULER: " " or "\\n").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import string
 
 import numpy as np
 
-from longctx.synthetic.haystacks import NoiseHaystack
+from longctx.synthetic.haystacks import NOISE, NoiseHaystack
 from longctx.synthetic.layout import Draw, Layout, grid_depth, random_depth
 from longctx.synthetic.pieces import DoesNotFit, Encoder, TaskInputError, cat, listing
 from longctx.synthetic.words import common_words, distinct, draw
@@ -66,6 +67,7 @@ TOKENS_TO_GENERATE = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
 VT_CHAINS, VT_HOPS = 1, 4
 CWE_FREQ_CW, CWE_FREQ_UCW, CWE_NUM_CW = 30, 3, 10
 CWE_SHORT = (6, 1)  # RULER's counts below 4096 tokens
+CWE_EXAMPLE, CWE_EXAMPLE_SHORT = (40, 10, 3), (20, 3, 1)  # its worked example: words, counts
 FWE_ALPHA, FWE_WORDLEN, FWE_VOCAB_PER = 2.0, 6, 50
 
 _MARK = "\x00"  # where the context goes
@@ -157,10 +159,46 @@ class Niah:
 
 
 # ----------------------------------------------------------------------------------- vt
+VT_EXAMPLE_TOKENS, VT_EXAMPLE_VALUE = 500, "12345"  # RULER's worked example: its length, value
+
+
+def vt_example(rng: random.Random, enc: Encoder) -> str:
+    """RULER's worked vt example, which precedes every vt prompt: a chain of five 3-letter
+    variables holding 12345 among as many noise lines (in steps of 5) as fit 500 tokens with
+    the 30 generated, then its answer and a blank line (RULER's ``sys_vartrack_w_noise_random``
+    at ``max_seq_length=500``; its ``randomize_icl`` draws fresh names, as here)."""
+    names: list[str] = []
+    while len(names) < VT_HOPS + 1:
+        name = "".join(rng.choices(string.ascii_uppercase, k=3))
+        if name not in names:
+            names.append(name)
+    chain = [f"VAR {names[0]} = {VT_EXAMPLE_VALUE}"]
+    chain += [f"VAR {names[j]} = VAR {names[j - 1]} " for j in range(1, VT_HOPS + 1)]
+    seed = rng.random()
+
+    def example(noises: int) -> str:
+        lines = [NOISE + "\n"] * noises
+        places = sorted(random.Random(seed).choices(range(noises + 1), k=len(chain)))
+        for j, (at, piece) in enumerate(zip(places, chain, strict=True)):
+            lines.insert(at + j, piece)
+        context = " ".join(lines).replace(". \n", ".\n")
+        text = VT_TEMPLATE + VT_ANSWER_PREFIX
+        text = text.format(context=context, query=VT_EXAMPLE_VALUE, num_v=len(names))
+        return f"{text} {' '.join(names)}\n\n"
+
+    fits = lambda n: len(enc(example(n))) + TOKENS_TO_GENERATE["vt"] <= VT_EXAMPLE_TOKENS  # noqa: E731
+    noises = 0
+    while fits(noises + 5):
+        noises += 5
+    return example(noises)
+
+
 def variable_tracking(d: Draw) -> Layout:
-    """One chain of 5 variables (4 hops) in RULER's noise: ``VAR ABCDE = 12345``, then
-    ``VAR FGHIJ = VAR ABCDE `` for each hop, in order, the first at the instance's depth."""
+    """RULER's worked example, then one chain of 5 variables (4 hops) in RULER's noise:
+    ``VAR ABCDE = 12345``, then ``VAR FGHIJ = VAR ABCDE `` for each hop, in order, the first at
+    the instance's depth."""
     rng, enc = d.rng, d.enc
+    example = vt_example(rng, enc)
     names: list[str] = []
     while len(names) < VT_HOPS + 1:
         name = "".join(rng.choices(string.ascii_uppercase, k=5))
@@ -176,7 +214,7 @@ def variable_tracking(d: Draw) -> Layout:
         for j in range(1, VT_HOPS + 1)
     ]
     text = (VT_TEMPLATE + VT_ANSWER_PREFIX).format(context=_MARK, query=value, num_v=len(names))
-    head, question = prompt_parts(enc, text, " ")
+    head, question = prompt_parts(enc, example + text, " ")
     answer = cat(*[p for j, n in enumerate(names) for p in ([enc(" ")] if j else []) + [enc(n)]])
     return Layout(
         question=question, answer=answer, answer_text=" ".join(names), references=tuple(names),
@@ -193,9 +231,11 @@ def common_words_extraction(d: Draw) -> Layout:
     rng, enc = d.rng, d.enc
     words = list(common_words())
     rng.shuffle(words)
-    freq_cw, freq_ucw = (CWE_FREQ_CW, CWE_FREQ_UCW) if d.length >= 4096 else CWE_SHORT
+    short = d.length < 4096
+    freq_cw, freq_ucw = CWE_SHORT if short else (CWE_FREQ_CW, CWE_FREQ_UCW)
+    template = CWE_TEMPLATE + CWE_ANSWER_PREFIX
     head, question = prompt_parts(
-        enc, (CWE_TEMPLATE + CWE_ANSWER_PREFIX).replace("{context}", _MARK), " "
+        enc, cwe_example(rng, short) + template.replace("{context}", _MARK), " "
     )
     room = d.budget - len(head) - len(question)
     number = lambda i: enc("1.") if i == 1 else enc(f" {i}.")  # noqa: E731
@@ -226,6 +266,18 @@ def common_words_extraction(d: Draw) -> Layout:
         answer_text=" ".join(f"{i}. {w}" for i, w in enumerate(common, 1)),
         references=tuple(common), head=head, units=units(),
     )  # fmt: skip
+
+
+def cwe_example(rng: random.Random, short: bool) -> str:
+    """RULER's worked cwe example, which precedes every cwe prompt: 20 words (3 and 1 times)
+    below 4096 tokens, else 40 (10 and 3 times), the template and its numbered answer."""
+    count, freq_cw, freq_ucw = CWE_EXAMPLE_SHORT if short else CWE_EXAMPLE
+    sample = rng.sample(common_words(), count)
+    items = sample[:CWE_NUM_CW] * freq_cw + sample[CWE_NUM_CW:] * freq_ucw
+    rng.shuffle(items)
+    numbered = lambda ws: " ".join(f"{i}. {w}" for i, w in enumerate(ws, 1))  # noqa: E731
+    text = (CWE_TEMPLATE + CWE_ANSWER_PREFIX).format(context=numbered(items))
+    return f"{text} {numbered(sample[:CWE_NUM_CW])}\n"
 
 
 # ---------------------------------------------------------------------------------- fwe

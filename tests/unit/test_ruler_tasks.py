@@ -131,6 +131,10 @@ def test_every_prompt_is_the_template_around_its_context(byte_instances):
         head, tail = template.split("{context}")
         pattern = re.escape(head.rstrip("\n ")) + r"[\s\S]*" + re.escape(tail + prefix)
         pattern = re.sub(r"\\\{(query|num_v)\\\}", ".+?", pattern)
+        if i.task in ("vt", "cwe"):  # RULER's worked example (the same template) comes first
+            first = head.split(".")[0]
+            assert prompt.startswith(first) and prompt.count(first) == 2, i.task
+            pattern = r"[\s\S]*" + pattern
         assert re.fullmatch(pattern, prompt), (i.task, prompt[:300], prompt[-300:])
         if i.task.startswith("niah_single") or i.task.startswith("niah_multikey"):
             assert prompt.startswith("A special magic") and " is hidden within " in prompt
@@ -249,6 +253,22 @@ def test_multi_key_value_and_query_tasks():
 
 
 # ---------------------------------------------------------------------------------- vt
+def test_vt_and_cwe_open_with_rulers_worked_example():
+    vt = text(BYTE, make_instance("vt", BYTE, 2048, 0.5, 0).prompt)
+    example, _ = vt.split("\n\nMemorize and track", 1)
+    names = re.findall(r"VAR ([A-Z]{3}) = ", example)
+    assert len(names) == 5 and "VAR " + names[0] + " = 12345" in example
+    assert example.endswith("they are:  " + " ".join(names))  # RULER: input + " " + answer
+    assert len(example) + 30 <= 500  # sized to 500 tokens with the 30 generated
+    cwe = text(BYTE, make_instance("cwe", BYTE, 2048, 0.5, 0).prompt)
+    example = cwe.split("\nBelow is a numbered list", 1)[0]
+    listed = re.findall(r"\d+\. (\S+)", example.split("most often.\n", 1)[1].split("\n")[0])
+    answer = re.findall(r"\d+\. (\S+)", example.rsplit("are:", 1)[1])
+    counts = Counter(listed)
+    assert len(listed) == 10 * 3 + 10 * 1 and len(answer) == 10  # below 4096: 20 words, 3 / 1
+    assert all(counts[w] == 3 for w in answer)
+
+
 def test_vt_is_one_chain_of_five_variables_and_four_hops():
     for seed in range(3):
         i = make_instance("vt", BYTE, 2048, 0.3, seed)
@@ -266,7 +286,8 @@ def test_vt_is_one_chain_of_five_variables_and_four_hops():
 
 # --------------------------------------------------------------------------------- cwe
 def _cwe_list(i) -> list[str]:
-    body = text(BYTE, i.prompt).split("most often.\n", 1)[1].split("\nQuestion:")[0]
+    body = text(BYTE, i.prompt).rsplit("most often.\n", 1)[1].split("\nQuestion:")[0]
+    body = re.sub(r" \d+\.?$", "", body)  # a cut entry's number
     return [w for w in re.split(r"(?:^| )\d+\. ", body) if w]  # a few words hold a space
 
 
@@ -280,7 +301,7 @@ def test_cwe_counts(length, common, uncommon):
     others = [c for w, c in counts.items() if w not in i.references]
     assert others and max(others) <= uncommon
     assert set(counts) <= set(common_words())
-    numbers = [int(n) for n in re.findall(r"(?:^| )(\d+)\. ", text(BYTE, i.prompt).split(
+    numbers = [int(n) for n in re.findall(r"(?:^| )(\d+)\. ", text(BYTE, i.prompt).rsplit(
         "most often.\n", 1)[1])]  # fmt: skip
     assert numbers == list(range(1, len(numbers) + 1))
 
