@@ -26,6 +26,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,6 +184,8 @@ def synthesized_dir(
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     name = f"synthesized_L{spec.min_length}-{spec.max_length}_s{spec.seed}_{digest}"
     with _cache_lock(cache_dir, name) as out:
+        for stale in out.parent.glob(f".{name}.*.partial"):  # a write killed midway: under
+            shutil.rmtree(stale, ignore_errors=True)  # this lock, no live one is writing it
         if not (out / MANIFEST_NAME).is_file():
             try:
                 manifest = synth.synthesize(

@@ -5,6 +5,7 @@ changed ones, never a stale one; and synthesize leaves nothing behind when it re
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -63,6 +64,19 @@ def test_first_use_synthesizes_once_and_says_where(tmp_path, capsys):
     other = synthesized_dir(Synthesized(**{**SMALL, "documents": 5}), cache)
     assert other != folder and ShardSet(other, "train").num_documents == 10
     assert capsys.readouterr().out.startswith("synthesized 10 documents")
+
+
+def test_a_write_killed_midway_is_cleared_and_redone(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    folder = synthesized_dir(Synthesized(**SMALL), cache)
+    shutil.rmtree(folder)  # as if the writer had been killed before its rename
+    stale = cache / f".{folder.name}.x1y2.partial"
+    stale.mkdir()
+    (stale / "train-00000-00000.tokens.npy").write_bytes(b"half")
+    capsys.readouterr()
+    assert synthesized_dir(Synthesized(**SMALL), cache) == folder
+    assert "synthesized 8 documents" in capsys.readouterr().out
+    assert not stale.exists() and ShardSet(folder, "train").num_documents == 8
 
 
 def test_a_folder_whose_manifest_disagrees_with_its_name_is_refused(tmp_path):
