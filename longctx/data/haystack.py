@@ -13,6 +13,7 @@ books take the role of RULER's Paul Graham essays, since nothing is downloaded.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from longctx.synthetic.haystacks import FillerHaystack, TextHaystack, Units
@@ -59,6 +60,12 @@ def resolve_haystack(spec, cache_dir: str | None = None):
     a prepared folder, or a haystack object (returned as is)."""
     if not isinstance(spec, str | Path):
         return spec
+    return _resolve(str(spec), cache_dir)
+
+
+@functools.lru_cache(maxsize=16)
+def _resolve(spec: str, cache_dir: str | None):
+    """One haystack object per name and cache folder: a corpus is decoded once per process."""
     from longctx.data.corpus import default_corpus_dir, long_documents_dir
 
     if str(spec) == "noise":
