@@ -434,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("src", help="Megatron prefix/.bin/.idx, datatrove .ds or folder, HF folder")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--format", choices=FORMATS, default=None, help="default: from SRC")
-    parser.add_argument("--tokenizer", help="local tokenizer folder the source was made with")
+    parser.add_argument("--tokenizer", help="'llama3' or the source's tokenizer folder")
     parser.add_argument("--vocab-size", type=int)
     parser.add_argument("--eos-id", type=int)
     parser.add_argument("--pad-id", type=int, help="default: --eos-id")

@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("inputs", nargs="+", help="text/.jsonl/.parquet files or globs")
-    parser.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder")
+    parser.add_argument("--tokenizer", default="byte", help="byte, llama3 or a tokenizer folder")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--executor", choices=EXECUTORS, default="local")
     parser.add_argument("--tasks", type=int, default=None, help="slices (default: CPUs)")

@@ -273,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> Manifest:
     p.add_argument("--max-length", type=int, default=1024, help="tokens of the longest (the row)")
     p.add_argument("--haystack", default="embedded",
                    help="embedded (its training chapters), noise, or a prepared folder")  # fmt: skip
-    p.add_argument("--tokenizer", default="byte", help="'byte' or a local tokenizer folder")
+    p.add_argument("--tokenizer", default="byte", help="'byte', 'llama3' or a tokenizer folder")
     p.add_argument("--cache-dir", default=None, help="where the embedded corpus is prepared")
     args = p.parse_args(argv)
     manifest = synthesize(
