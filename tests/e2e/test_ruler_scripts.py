@@ -52,7 +52,7 @@ def test_the_position_ablation_rerun_scores_every_arm_and_seed(tmp_path):
     out = tmp_path / "ablation"
     # few overrides: each run's folder is named by them
     small = ["data.val_rows=2", "trainer.limit_val_batches=1", "callbacks.ruler.samples=1"]
-    env = {"SEQ": "512", "STEPS": "2", "OUT": str(out), "TASKS": "passkey,copy",
+    env = {"SEQ": "512", "STEPS": "2", "OUT": str(out), "TASKS": "lc_passkey,lc_copy",
            "LENGTHS": "256 512"}  # fmt: skip
     run_script("position_ablation.sh", tmp_path, env, *small)
     summary = json.loads((tmp_path / "ablation_ruler.json").read_text())

@@ -143,7 +143,7 @@ def test_shuffling_the_needle_out_drops_a_reading_model_to_chance(task, every_ta
     assert accuracy(score_instances(Induction(), instances)) == 1.0
     shuffled = [shuffled_context(i, seed) for seed, i in enumerate(instances)]
     results = score_instances(Induction(), shuffled)
-    low, high = wilson(sum(r["correct"] for r in results), len(results))
+    low, high = wilson(sum(r["correct_teacher_forced"] for r in results), len(results))
     assert accuracy(results) == 0.0 and low <= chance(task) <= high
 
 
@@ -340,8 +340,9 @@ def fake_sweep(root, correct_at) -> None:
             run = write_run_record(root / f"{arm}_s{seed}", {"seq_len": 128}, arm, seed)
             rows = [
                 {"step": step, "seed": 0, "task": task, "length": n, "depth": d, "sample": s,
-                 "correct": step == 9 and n in lengths_right}
-                for step in (5, 9) for task in ("passkey", "copy") for n in (64, 128)
+                 "score": float(step == 9 and n in lengths_right),
+                 "correct_teacher_forced": step == 9 and n in lengths_right}
+                for step in (5, 9) for task in ("lc_passkey", "lc_copy") for n in (64, 128)
                 for d in (0.0, 1.0) for s in range(5)
             ]  # fmt: skip
             (run / "eval").mkdir()
@@ -359,7 +360,7 @@ def test_the_sweep_report_pairs_arms_over_instances_and_seeds(tmp_path):
     arms = {a["arm"]: a for a in summary["arms"]}
     assert arms["mix"]["effective_length"] == 128 and arms["nomix"]["effective_length"] == 64
     assert arms["nomix"]["seed_effective_lengths"] == {0: 64, 1: 64}
-    assert arms["nomix"]["task_effective_lengths"] == {"copy": 64, "passkey": 64}
+    assert arms["nomix"]["task_effective_lengths"] == {"lc_copy": 64, "lc_passkey": 64}
     assert arms["mix"]["seeds"] == [0, 1] and summary["instance_seed"] == 0
     (pair,) = summary["pairs"]
     by_length = {r["length"]: r for r in pair["by_length"]}
