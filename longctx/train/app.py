@@ -97,14 +97,16 @@ def train(cfg: DictConfig, output_dir: Path, start: RunStart | None) -> dict:
     if cfg.dry_run:
         return dry_run_report(model_config, cfg, parallel, device)
     identity = run_identity(model_config, data_config)
-    resume = start_point(cfg, output_dir, identity, start)
     if device.type == "cpu":
         retain_freed_memory()
-    if writes_run_folder():
-        print(arm_description(data_config.reset_position_ids, data_config.document_mask))
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build_datamodule(cfg, data_config, model_config, parallel)
     module = build_module(cfg, model_config, datamodule.eos_id, parallel)
+    # after every refusal the data and the model can raise: an overwrite deletes the previous
+    # run only once this start is known to begin
+    resume = start_point(cfg, output_dir, identity, start)
+    if writes_run_folder():
+        print(arm_description(data_config.reset_position_ids, data_config.document_mask))
     trainer = build_trainer(cfg, output_dir, RunRecord(identity, recorded_config(cfg)))
     ckpt_path = resume.announce() if resume is not None else None
     if note := init_from_note(getattr(model_config, "init_from", None), ckpt_path):

@@ -119,6 +119,16 @@ def test_overwrite_unlinks_links_inside_the_run_never_their_targets_and_removes_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside", "run"]  # nothing aside
 
 
+def test_an_overwrite_refused_by_the_data_keeps_the_previous_run(tmp_path):
+    """The data's vocabulary check comes after the run-folder checks: an overwrite once deleted
+    the previous run before it, then the start was refused."""
+    run_dir = a_run(tmp_path / "run")
+    before = tree(run_dir)
+    with pytest.raises(ValueError, match=r"model.vocab_size=16"):
+        run(compose([*SHORT, "overwrite=true", "+model.vocab_size=16"], output_dir=run_dir))
+    assert tree(run_dir) == before
+
+
 def test_an_overwrite_remainder_and_a_linked_folder_are_never_resumed(tmp_path):
     a_run(tmp_path / "real")
     a_run(tmp_path / ".real.overwritten-0123abcd")  # a crash between rename and delete
