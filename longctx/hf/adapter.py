@@ -241,21 +241,11 @@ class HFCausalLM(PackedCausalLM):
         if (batch.seq_lens[:, 1:] != 0).any():
             raise ValueError("HFCausalLM generates rows of one document each (no packed segments)")
         plain = "sdpa" if getattr(self.hf_model, "_supports_sdpa", False) else "eager"
-        config = self.hf_model.generation_config
-        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
         self.hf_model.set_attn_implementation(plain)
         try:
-            out = self.hf_model.generate(
-                input_ids=batch.tokens,
-                attention_mask=torch.ones_like(batch.tokens),
-                do_sample=False,
-                num_beams=1,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=pad,
-            )
+            return greedy_continuations(self.hf_model, batch.tokens, max_new_tokens)
         finally:
             self.hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
-        return out[:, batch.tokens.shape[1] :].tolist()
 
     def estimate_flops(self, seq_lens: Tensor) -> float:
         """Forward + backward FLOPs: 6 x matmul parameters per token, attention within documents."""
@@ -484,3 +474,19 @@ class HFModelSpec:
             self.dtype,
             self.config_overrides,
         )
+
+
+def greedy_continuations(hf_model, input_ids: Tensor, max_new_tokens: int) -> list[list[int]]:
+    """transformers' own greedy ``generate`` (one beam, no sampling, stopping at the model's
+    EOS) of ``max_new_tokens`` after each row of ``input_ids``: the new ids per row."""
+    config = hf_model.generation_config
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    out = hf_model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad,
+    )
+    return out[:, input_ids.shape[1] :].tolist()

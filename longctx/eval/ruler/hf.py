@@ -54,19 +54,10 @@ class HFScorer(PackedCausalLM):
     def generate_from_batch(self, batch: PackedBatch, max_new_tokens: int) -> list[list[int]]:
         """transformers' own greedy ``generate`` (no sampling, one beam) of ``max_new_tokens``
         after each row's prompt, stopping at the model's EOS as transformers does; the new ids."""
+        from longctx.hf.adapter import greedy_continuations
+
         _check_one_document(batch)
-        config = self.hf_model.generation_config
-        out = self.hf_model.generate(
-            input_ids=batch.tokens,
-            attention_mask=torch.ones_like(batch.tokens),
-            do_sample=False,
-            num_beams=1,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=config.pad_token_id
-            if config.pad_token_id is not None
-            else config.eos_token_id,
-        )
-        return out[:, batch.tokens.shape[1] :].tolist()
+        return greedy_continuations(self.hf_model, batch.tokens, max_new_tokens)
 
 
 def _check_one_document(batch: PackedBatch) -> None:
