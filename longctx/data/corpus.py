@@ -169,6 +169,17 @@ def _prepared(
     return out
 
 
+def shard_folder(entry, cache_dir: str | Path | None = None, tokenizer: str | None = None) -> Path:
+    """The prepared folder of one ``data.shards`` entry: the name ``embedded`` is the embedded
+    corpus, a Synthesized entry a synthesized mix (both prepared on first use), anything else a
+    folder. ``tokenizer``: the run's data.tokenizer."""
+    if isinstance(entry, Synthesized):
+        return synthesized_dir(entry, cache_dir, default_tokenizer=tokenizer)
+    if entry == EMBEDDED:
+        return default_corpus_dir(cache_dir, tokenizer=tokenizer)
+    return Path(entry)
+
+
 # --------------------------------------------------------------------------- synthesized mixes
 def synthesized_dir(
     spec: Synthesized, cache_dir: str | Path | None = None, default_tokenizer: str | None = None

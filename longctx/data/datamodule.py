@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from longctx.batch import PackedBatch
 from longctx.data.config import DataConfig, Synthesized
-from longctx.data.corpus import EMBEDDED, default_corpus_dir, synthesized_dir
+from longctx.data.corpus import EMBEDDED, shard_folder
 from longctx.data.packing import PackedRow, collate_rows, make_packer
 from longctx.data.shards import Manifest, ShardSet, load_manifest
 from longctx.data.streams import (
@@ -142,12 +142,7 @@ class LongCtxDataModule(L.LightningDataModule):
         return self._folders
 
     def _folder(self, entry: str | Synthesized) -> Path:
-        cache = self.config.cache_dir
-        if isinstance(entry, Synthesized):
-            return synthesized_dir(entry, cache, default_tokenizer=self.config.tokenizer)
-        if entry == EMBEDDED:
-            return default_corpus_dir(cache, tokenizer=self.config.tokenizer)
-        return Path(entry)
+        return shard_folder(entry, self.config.cache_dir, self.config.tokenizer)
 
     def _open(self) -> list[ShardSet]:
         if self._train is None:

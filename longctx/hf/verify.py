@@ -55,14 +55,12 @@ class HeldOut:
 def heldout_documents(data_config, count: int, max_tokens: int) -> HeldOut:
     """The first ``count`` documents of the val split of the run's first prepared folder (the
     embedded corpus when it has none), each cut to ``max_tokens`` and decoded to text."""
-    from longctx.data.corpus import default_corpus_dir
+    from longctx.data.corpus import EMBEDDED, shard_folder
     from longctx.data.shards import ShardSet
     from longctx.data.tokenizer import load_tokenizer
 
-    shards = data_config.shards
-    folder = Path(shards[0] if isinstance(shards, list | tuple) else shards or "")
-    if shards is None:
-        folder = default_corpus_dir(data_config.cache_dir, tokenizer=data_config.tokenizer)
+    first = data_config.shards[0] if data_config.shards else EMBEDDED
+    folder = shard_folder(first, data_config.cache_dir, data_config.tokenizer)
     val = ShardSet(folder, "val")
     if val.num_documents == 0:
         raise ValueError(f"{folder} has no val documents to verify on; prepare it with a val split")

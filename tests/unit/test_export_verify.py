@@ -64,3 +64,15 @@ def test_lm_evals_local_task_gives_longctx_bits_per_byte(exported):
     # EOS), to fp32 round-off; its gap to longctx's own convention is the BOS/EOS difference
     assert result.bpb_lm_eval == pytest.approx(result.bpb_longctx_rolling, rel=1e-5)
     assert torch.isfinite(torch.tensor(result.bpb_lm_eval))
+
+
+@pytest.mark.parametrize("shards", [None, ["embedded"]])
+def test_verify_reads_held_out_documents_of_the_embedded_corpus_by_name(shards):
+    """``data.shards=[embedded]`` is a name, not a folder: verify once read Path('embedded')."""
+    from helpers import CACHE_DIR
+
+    from longctx.data.config import DataConfig
+    from longctx.hf.verify import heldout_documents
+
+    held = heldout_documents(DataConfig(shards=shards, cache_dir=str(CACHE_DIR)), 2, 64)
+    assert len(held.texts) == 2 and all(len(ids) > 0 for ids in held.ids)
