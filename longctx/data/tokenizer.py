@@ -79,7 +79,7 @@ class HFTokenizer:
         self.folder = Path(folder).expanduser().resolve()
         if not self.folder.is_dir():
             raise FileNotFoundError(
-                f"tokenizer {str(folder)!r} is not a name or a folder; expected 'byte', 'llama3' "
+                f"tokenizer {str(folder)!r} does not exist (not a name or a folder); expected 'byte', 'llama3' "
                 "or a local folder with a tokenizer.json (nothing is downloaded)"
             )
         self._tok = _load_fast_tokenizer(self.folder)
