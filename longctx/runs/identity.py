@@ -48,6 +48,17 @@ def identity_changes(saved: dict, current: dict) -> dict[str, tuple]:
     }
 
 
+def check_allowed_names(allowed: list[str], known: set[str]) -> None:
+    """Every name ``allow_resume_changes`` lists is one of the run's settings (checked on a
+    fresh start too: a misspelt name would otherwise wait for the resume it was meant for)."""
+    unknown = [k for k in allowed if k not in known]
+    if unknown:
+        raise ResumeMismatch(
+            f"allow_resume_changes={allowed}: {unknown} not among the run's settings "
+            f"({', '.join(sorted(known))})"
+        )
+
+
 def check_resume(
     checkpoint: dict,
     current: dict,
@@ -59,13 +70,7 @@ def check_resume(
     the allowed changes (for the log). ``other_settings``: the other names ``allowed`` may
     list (the training settings, longctx.runs.resume)."""
     allowed = list(allowed)
-    known = set(current) | set(other_settings)
-    unknown = [k for k in allowed if k not in known]
-    if unknown:
-        raise ResumeMismatch(
-            f"allow_resume_changes={allowed}: {unknown} not among the run's settings "
-            f"({', '.join(sorted(known))})"
-        )
+    check_allowed_names(allowed, set(current) | set(other_settings))
     saved = (checkpoint.get(CHECKPOINT_KEY) or {}).get("identity")
     if saved is None:
         return {}  # written before checkpoints carried an identity: nothing to compare

@@ -33,7 +33,12 @@ from longctx.runs.checkpoints import (
     resolve_ckpt_path,
 )
 from longctx.runs.folder import RunStart, checkpoint_dir, existing_checkpoints
-from longctx.runs.identity import ResumeMismatch, check_resume, identity_changes
+from longctx.runs.identity import (
+    ResumeMismatch,
+    check_allowed_names,
+    check_resume,
+    identity_changes,
+)
 from longctx.runs.record import CHECKPOINT_KEY, plain
 
 # where the run record keeps the training settings (next to the model and data config)
@@ -80,6 +85,10 @@ def resume_point(
 ) -> ResumePoint | None:
     """The checkpoint this start resumes from (checked, see the module docstring), or None for
     a fresh start. ``training``: this start's :func:`training_settings` (None: not compared)."""
+    try:
+        check_allowed_names(list(allowed_changes), set(identity) | set(training or {}))
+    except ResumeMismatch as err:
+        raise ResumeRefused(str(err)) from err
     try:
         resume = resolve_ckpt_path(ckpt_path, output_dir)
         if resume is None and (resume := auto_resume_path(output_dir)):

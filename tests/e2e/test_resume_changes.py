@@ -143,3 +143,11 @@ def test_an_unknown_name_in_allow_resume_changes_is_refused(trained, tmp_path):
     args = [*BASE, "ckpt_path=last", "trainer.max_steps=3", "allow_resume_changes=[optim.lrr]"]
     with pytest.raises(ConfigError, match=r"\['optim.lrr'\] not among the run's settings.*optim"):
         run(compose(args, copy))
+
+
+def test_an_unknown_name_in_allow_resume_changes_is_refused_on_a_fresh_start(tmp_path):
+    """A misspelt name once trained a fresh run and waited for the resume it was meant for."""
+    args = [*BASE, "allow_resume_changes=[optim.lrr]"]
+    with pytest.raises(ConfigError, match=r"\['optim.lrr'\] not among the run's settings"):
+        run(compose(args, tmp_path / "run"))
+    assert not (tmp_path / "run" / "checkpoints").exists()
