@@ -177,10 +177,16 @@ class Llama3Tokenizer:
         self._enc = _llama3_tiktoken(str(self.model_file))
 
     def encode(self, text: str) -> np.ndarray:
-        encode = self._enc.encode_ordinary  # special-token text as text
-        if len(text) < _LLAMA3_SPLIT_BELOW:  # the reference never splits such a text
-            return np.asarray(encode(text), dtype=np.int64)
-        return np.asarray([i for piece in _reference_pieces(text) for i in encode(piece)], np.int64)
+        pieces = _reference_pieces(text)  # [text] below 25k characters
+        return np.concatenate([self._ids(piece) for piece in pieces], dtype=np.int64)
+
+    def _ids(self, text: str) -> np.ndarray:
+        """encode_ordinary's ids (special-token text as text) as uint32, straight from tiktoken's
+        buffer: converting its list of Python ints cost prepare 8% past the encoding itself."""
+        try:  # no allowed specials: one regex pass over the whole text, as encode_ordinary
+            return self._enc.encode_to_numpy(text, disallowed_special=())
+        except UnicodeEncodeError:  # a lone surrogate: encode_ordinary (the reference) replaces it
+            return np.asarray(self._enc.encode_ordinary(text), np.uint32)
 
     def decode(self, ids) -> str:
         return self._enc.decode([int(i) for i in ids], errors="replace")

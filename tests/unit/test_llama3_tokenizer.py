@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from longctx.data.corpus import HELD_OUT_BOOKS, books, chapters, kjv_source_path
 from longctx.data.prepare import cli as prepare_cli
+from longctx.data.prepare import prepare
+from longctx.data.shards import ShardSet
 from longctx.data.tokenizer import (
     LLAMA3_SPECIALS,
     Llama3Tokenizer,
@@ -119,6 +121,31 @@ def test_ids_equal_the_references_on_the_whole_embedded_corpus():
         assert ids == reference_ids(text) == fast_doc, text[:40]
         total += len(ids)
     assert total > 1_000_000
+
+
+def test_a_lone_surrogate_gets_the_references_ids():
+    # JSON can spell one ("\\ud800"); tiktoken replaces it (U+FFFD), the reference with it
+    for text in ("a\ud800b", "\udc80", "x " * 13_000 + "\ud800 y"):
+        assert ours().encode(text).tolist() == reference_ids(text)
+
+
+def test_prepared_shards_hold_the_references_ids_in_input_order(tmp_path):
+    """`prepare --tokenizer llama3` writes, per document, the reference's ids and EOS (uint32),
+    whatever the task count: special-token text, a lone surrogate, runs the reference splits."""
+    texts = ["In the beginning", "z" * 25_001 + " don't", "<|end_of_text|> is text", "a\ud800b",
+             "中文 😀 1234567", "x " + " " * 25_010 + "y", "", "\n\n\r\n"]  # fmt: skip
+    source = tmp_path / "docs.jsonl"
+    source.write_text(
+        "".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts))
+    )
+    for tasks in (1, 3):
+        out = tmp_path / f"out{tasks}"
+        manifest = prepare([source], out, "llama3", tasks=tasks, workers=1, val_fraction=0.0,
+                           shard_tokens=3_000, progress=False)  # fmt: skip
+        shards = ShardSet(out)
+        assert manifest.dtype == "uint32" and len(manifest.splits["train"].shards) > 1
+        expected = [reference_ids(t) + [128001] for t in texts if t]  # an empty one is skipped
+        assert [shards.document(i).tolist() for i in range(len(shards))] == expected
 
 
 # --------------------------------------------------------------------------- refusals
