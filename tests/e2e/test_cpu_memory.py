@@ -1,4 +1,5 @@
-"""retain_freed_memory: a freed big tensor's pages serve the next one without page faults."""
+"""retain_freed_memory: a freed big tensor's pages serve the next one without page faults, and
+under it the chunked loss's peak does not grow with the number of chunks."""
 
 from __future__ import annotations
 
@@ -40,3 +41,37 @@ def test_freed_memory_is_reused_without_page_faults():
     pages = 4 * 64 * 2**20 // 4096
     assert last_rounds_faults("default") >= pages // 2  # the problem is real here
     assert last_rounds_faults("retain") < pages // 100
+
+
+# The chunked loss at 32,768 ids and chunks of 512 (one [512, V] fp32 buffer: 64 MiB), under
+# train.py's allocator setting: the growth of peak RSS over each call. The first two calls, of
+# 2 chunks, reach the heap the loss keeps needing (a second call can take one more buffer: the
+# block freed after the first backward is split by small allocations); the growth over the
+# last, of 8 chunks, is what more chunks cost: 0 here, where longctx.model.loss's former
+# checkpointed chunks grew it by 128-512 MiB.
+LOSS_SCRIPT = """
+import resource, torch
+from longctx.model.loss import chunked_token_loss
+from longctx.train.cpu_memory import retain_freed_memory
+assert retain_freed_memory()
+torch.set_num_threads(1)
+weight = (torch.randn(32768, 64) * 0.02).requires_grad_()
+hidden = torch.randn(4096, 64, requires_grad=True)
+labels = torch.randint(0, 32768, (4096,))
+peaks = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]
+for n in (1024, 1024, 4096):
+    chunked_token_loss(hidden[:n], weight, labels[:n], 512).sum().backward()
+    peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print(*(b - a for a, b in zip(peaks, peaks[1:])))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
+def test_the_chunked_losss_peak_does_not_grow_with_chunks_under_retain():
+    buffer = 512 * 32768 * 4
+    out = subprocess.run(
+        [sys.executable, "-c", LOSS_SCRIPT], capture_output=True, text=True, check=True
+    )
+    first, _, eight_chunks = map(int, out.stdout.split())
+    assert first >= buffer  # the peak seen does hold the buffer
+    assert eight_chunks < buffer // 2

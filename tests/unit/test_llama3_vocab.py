@@ -1,6 +1,7 @@
 """Llama 3's vocabulary in the model: the 8B dry run plans with 128,256 ids, a tokenizer with more
 ids than the model holds is refused in one line, and the chunked loss never builds more than one
-chunk's logits at 128k ids (forward and backward) while equal to the unchunked loss."""
+chunk's logits at 128k ids (forward and backward), in one buffer per step, while equal to the
+unchunked loss."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import FAST, compose
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from longctx.batch import IGNORE_INDEX
 from longctx.model import LlamaConfig
-from longctx.model import loss as loss_module
+from longctx.model.loss import chunked_token_loss
 from longctx.train.app import ConfigError, run
 
 VOCAB = 128256
@@ -44,29 +47,41 @@ def test_the_tiny_llama3_preset_is_tinys_body_with_128256_ids():
     assert big.vocab_size == VOCAB and big.loss_chunk_size == 1024
 
 
-def test_the_loss_builds_one_chunks_logits_at_128k_ids(monkeypatch):
-    """Every [tokens, V] logits tensor, in forward and in backward's recompute, has at most
-    chunk_size rows; the loss and gradients equal the unchunked cross-entropy's."""
+class FreshTensors(TorchDispatchMode):
+    """Records the largest tensor any op returns, and each op that returns a fresh tensor (not
+    a view, not an argument it wrote into: in-place and out= ops are mutable) of ``numel``
+    elements or more."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.largest, self.fresh = numel, 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+                if t.numel() >= self.numel and not (func._schema.is_mutable or func.is_view):
+                    self.fresh.append(func)
+        return out
+
+
+def test_the_loss_allocates_one_chunks_logits_per_pass_at_128k_ids():
+    """No tensor larger than one chunk's [chunk, V] logits exists, forward or backward, and
+    each pass allocates that buffer once for its four chunks; the loss and gradients equal the
+    unchunked cross-entropy's."""
     torch.manual_seed(0)
     tokens, dim, chunk = 1024, 16, 256
     hidden = torch.randn(tokens, dim, requires_grad=True)
     weight = (torch.randn(VOCAB, dim) * 0.1).requires_grad_()
     labels = torch.randint(0, VOCAB, (tokens,))
     labels[::7] = IGNORE_INDEX
-    rows: list[int] = []
-    linear = F.linear
-
-    def recording_linear(x, w, *args):
-        out = linear(x, w, *args)
-        rows.append(out.shape[0])
-        return out
-
-    monkeypatch.setattr(loss_module.F, "linear", recording_linear)
-    losses = loss_module.chunked_token_loss(hidden, weight, labels, chunk)
-    losses.sum().backward()
-    assert rows and max(rows) <= chunk
-    assert len(rows) == 2 * tokens // chunk  # each chunk's logits once forward, once recomputed
-    monkeypatch.setattr(loss_module.F, "linear", linear)
+    with FreshTensors(chunk * VOCAB) as forward:
+        losses = chunked_token_loss(hidden, weight, labels, chunk)
+    with FreshTensors(chunk * VOCAB) as backward:
+        losses.sum().backward()
+    assert forward.largest == backward.largest == chunk * VOCAB
+    assert len(forward.fresh) == 1 and backward.fresh == []  # forward's buffer serves backward
 
     h2, w2 = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
     full = F.cross_entropy(F.linear(h2, w2), labels, ignore_index=IGNORE_INDEX, reduction="none")
