@@ -110,7 +110,8 @@ def main(repeats: int = 5) -> None:
         rows[once], rows[four] = lambda: run_prepare(1), lambda: run_prepare(4)
         seconds = best_times(rows, repeats)
     assert prepared[1] == tokens, (prepared, tokens)  # the same text, the same ids
-    # prepare's rate past its fixed costs (loading the ranks twice, datatrove, the manifest)
+    # prepare's rate past its fixed costs (hashing the input, datatrove's executor and task logger,
+    # fsyncs, the manifest; the ranks were loaded above and prepare reuses them in this process)
     marginal = "prepare, marginal (4 times - once)"
     seconds[marginal] = {c: seconds[four][c] - seconds[once][c] for c in seconds[four]}
     counts = {once: prepared[1], four: prepared[4], marginal: prepared[4] - prepared[1]}

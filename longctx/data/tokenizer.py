@@ -154,7 +154,7 @@ class Llama3Tokenizer:
 
     Two encoders of the same ids: ``encode`` runs tiktoken on the package's ranks and pattern
     (the reference's own, ``llama_models.llama3.tokenizer.Tokenizer.encode(s, bos=False,
-    eos=False)``, without its per-character Python loop), 4-5x faster per core than a tokenizers
+    eos=False)``, without its per-character Python loop), about 6x faster per core than a tokenizers
     BPE (benchmarks/bench_tokenize.py); ``fast_tokenizer()`` is the same vocabulary as a
     Hugging Face fast tokenizer (transformers' TikTokenConverter, built once per machine into
     ``$LONGCTX_CACHE/tokenizers``), the tokenizer.json an export carries. Tests hold the two
@@ -182,7 +182,8 @@ class Llama3Tokenizer:
 
     def _ids(self, text: str) -> np.ndarray:
         """encode_ordinary's ids (special-token text as text) as uint32, straight from tiktoken's
-        buffer: converting its list of Python ints cost prepare 8% past the encoding itself."""
+        buffer: no list of Python ints is built or converted (0.86-0.89x encode_ordinary's time
+        per token, where the list and its conversion took 1.0x; benchmarks/bench_tokenize.py)."""
         try:  # no allowed specials: one regex pass over the whole text, as encode_ordinary
             return self._enc.encode_to_numpy(text, disallowed_special=())
         except UnicodeEncodeError:  # a lone surrogate: encode_ordinary (the reference) replaces it
