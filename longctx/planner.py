@@ -364,11 +364,18 @@ def attention_working_bytes(config: LlamaConfig, layout: Layout) -> int:
 
 
 def loss_bytes(config: LlamaConfig, layout: Layout) -> int:
-    """The chunked loss: one chunk's fp32 log-softmax, its gradient and the logits' gradient
-    (three fp32 [chunk, vocab]), plus the compute-dtype logits and their gradient under bf16."""
-    chunk = min(layout.tokens_per_rank, config.loss_chunk_size)
-    per_logit = 3 * 4 + (2 * layout.compute_bytes if layout.compute_bytes != 4 else 0)
-    return chunk * config.vocab_size * per_logit
+    """The fused chunked loss (longctx.model.loss): one fp32 [chunk, vocab] buffer, allocated in
+    forward and refilled chunk by chunk in backward, plus one in the compute dtype under bf16 for
+    the matmuls; the hidden states' gradient [tokens, dim] and the output weight's [vocab, dim]
+    in the compute dtype. The weight's is the parameter's own gradient, which the gradients term
+    holds, for fp32 or bf16 weights unsharded; under bf16-mixed it is cast to the fp32 gradient
+    and under FSDP reduce-scattered, then freed, so it is counted here."""
+    c, k = config, layout.compute_bytes
+    chunk = min(layout.tokens_per_rank, c.loss_chunk_size)
+    buffers = chunk * c.vocab_size * (4 + (k if k != 4 else 0))
+    grad_hidden = layout.tokens_per_rank * c.dim * k
+    own_weight_gradient = (layout.fsdp and layout.world > 1) or layout.precision == "bf16-mixed"
+    return buffers + grad_hidden + (c.vocab_size * c.dim * k if own_weight_gradient else 0)
 
 
 def gathered_kv_terms(config: LlamaConfig, layout: Layout) -> list[Term]:

@@ -1,21 +1,22 @@
 """Chunked linear cross-entropy: one chunk's logits at a time, in one buffer reused by every chunk.
 
 Hidden states [N, dim] are cut into chunks of ``chunk_size`` tokens. Forward computes each
-chunk's logits into a [chunk, V] buffer allocated once for the whole pass, reduces them in place
-to each token's log-sum-exp and loss, and keeps for backward only the inputs and the [N]
-log-sum-exp. Backward rebuilds each chunk's logits into one such buffer, turns them in place
-into their gradient (softmax minus one-hot, times the token's upstream gradient) and adds the
-hidden states' and the weight's gradients into outputs allocated once. Why one buffer rather than
-checkpointing each chunk (as this module did): autograd allocates fresh [chunk, V] tensors for
-every chunk's recompute, and under train.py's CPU allocator setting (``retain_freed_memory``,
-which keeps freed heap blocks) they did not reuse each other's memory, so the footprint grew with
-the number of chunks (benchmarks/bench_vocab.py). With one buffer the peak is one chunk's logits
+chunk's logits into a [chunk, V] buffer allocated once, reduces them in place to each token's
+log-sum-exp and loss, and saves for backward only the inputs and the [N] log-sum-exp. Backward
+refills the same buffer with each chunk's logits, turns them in place into their gradient
+(softmax minus one-hot, times the token's upstream gradient) and adds the hidden states' and the
+weight's gradients into outputs allocated once. Why one buffer rather than checkpointing each
+chunk (as this module did): autograd allocated fresh [chunk, V] tensors for every chunk's
+forward and recompute, and under train.py's CPU allocator setting (``retain_freed_memory``, which
+keeps freed heap blocks) they did not reuse each other's memory, so the footprint grew with the
+number of chunks (benchmarks/bench_vocab.py). With one buffer the peak is one chunk's logits
 however many chunks there are and whatever the allocator keeps.
 
 Precision: the matmuls run in the inputs' dtype (the autocast dtype under autocast), as F.linear
 would; a bf16/fp16 product is upcast into the buffer, which is fp32 (fp64 for fp64 inputs), so the
 softmax, log-sum-exp and losses are fp32. Computing the logits in fp32 instead would need an fp32
-copy of the [V, dim] weight, larger than the buffer for a big model, and fp32 matmuls. The
+copy of the [V, dim] weight (2 GiB for Llama 3 8B, the size of a 4,096-token chunk's buffer) and
+fp32 matmuls. The
 logits' gradient is rounded back to the compute dtype for the two backward matmuls, and the
 gradients accumulate in that dtype, as autograd's sum over chunks of ``F.linear(h, w).float()``
 did; a compute dtype other than fp32 adds one [chunk, V] buffer in it.

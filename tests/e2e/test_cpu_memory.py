@@ -45,10 +45,11 @@ def test_freed_memory_is_reused_without_page_faults():
 
 # The chunked loss at 32,768 ids and chunks of 512 (one [512, V] fp32 buffer: 64 MiB), under
 # train.py's allocator setting: the growth of peak RSS over each call. The first two calls, of
-# 2 chunks, reach the heap the loss keeps needing (a second call can take one more buffer: the
-# block freed after the first backward is split by small allocations); the growth over the
-# last, of 8 chunks, is what more chunks cost: 0 here, where longctx.model.loss's former
-# checkpointed chunks grew it by 128-512 MiB.
+# 2 chunks, reach the heap the loss keeps needing; the growth over the last, of 16 chunks, is
+# what more chunks cost: 0 in some 30 runs here. One run under load, at 8 chunks, grew by half a
+# buffer or more (the value was not kept): small allocations can split a freed buffer's block,
+# so that one call's buffer takes fresh memory, however many chunks it has; hence the margin of
+# 1.5 buffers. longctx.model.loss's former checkpointed chunks grew it by 1.2-1.4 GB.
 LOSS_SCRIPT = """
 import resource, torch
 from longctx.model.loss import chunked_token_loss
@@ -56,10 +57,10 @@ from longctx.train.cpu_memory import retain_freed_memory
 assert retain_freed_memory()
 torch.set_num_threads(1)
 weight = (torch.randn(32768, 64) * 0.02).requires_grad_()
-hidden = torch.randn(4096, 64, requires_grad=True)
-labels = torch.randint(0, 32768, (4096,))
+hidden = torch.randn(8192, 64, requires_grad=True)
+labels = torch.randint(0, 32768, (8192,))
 peaks = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]
-for n in (1024, 1024, 4096):
+for n in (1024, 1024, 8192):
     chunked_token_loss(hidden[:n], weight, labels[:n], 512).sum().backward()
     peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 print(*(b - a for a, b in zip(peaks, peaks[1:])))
@@ -72,6 +73,6 @@ def test_the_chunked_losss_peak_does_not_grow_with_chunks_under_retain():
     out = subprocess.run(
         [sys.executable, "-c", LOSS_SCRIPT], capture_output=True, text=True, check=True
     )
-    first, _, eight_chunks = map(int, out.stdout.split())
+    first, _, sixteen_chunks = map(int, out.stdout.split())
     assert first >= buffer  # the peak seen does hold the buffer
-    assert eight_chunks < buffer // 2
+    assert sixteen_chunks < 1.5 * buffer, out.stdout  # at most the one split block

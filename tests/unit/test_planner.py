@@ -126,7 +126,8 @@ def test_a_hand_computed_plan():
     per_token = 4 * (2 * 256) + 8 + 4 * (3 * 256) + 4 * 768 + 16 + 4 * (4 * 768)
     assert per_token == 20504
     assert term(plan, "activations (3 other blocks saved)") == 3 * 4096 * per_token
-    assert term(plan, "chunked loss buffers") == 4096 * 512 * 12
+    # one fp32 [4096, 512] buffer and the hidden states' gradient (the weight's is the .grad)
+    assert term(plan, "chunked loss buffers") == 4096 * 512 * 4 + 4096 * 256 * 4
     # the peak: held terms (3 other blocks, RoPE tables and ids) and the feed-forward's
     # backward: the block in backward, the gradients of silu's and w3's outputs (768) and of
     # the residual and the branch (256)
@@ -134,6 +135,14 @@ def test_a_hand_computed_plan():
     ffn_backward = 4096 * (per_token + 4 * (2 * 768 + 2 * 256))
     assert plan.total_bytes == held + ffn_backward
     assert plan.fits and plan.step is None
+
+
+def test_the_loss_term_under_bf16_mixed_adds_its_bf16_buffer_and_weight_gradient():
+    """bf16 logits beside the fp32 buffer, and the output weight's bf16 gradient, which is cast
+    to the fp32 .grad (so it is not the gradients term's)."""
+    plan = planner.plan(TINY, Layout(seq_len=4096, precision="bf16-mixed"), CPU)
+    expected = 4096 * 512 * (4 + 2) + 4096 * 256 * 2 + 512 * 256 * 2
+    assert term(plan, "chunked loss buffers") == expected
 
 
 def test_terms_scale_as_they_must():
