@@ -164,16 +164,16 @@ def main() -> None:
         tokens, malloc = args.loss.split(":")
         print(json.dumps(loss_only(int(tokens), malloc)))
         return
+    if args.one:  # before the loss rows: a step's child process runs only its step
+        preset, length, chunk = args.one.split(":")
+        chunk_size = int(chunk) if chunk else None
+        print(json.dumps(one_run(preset, int(length), chunk_size, args.steps, args.threads)))
+        return
     loss_rows = [_child(["--loss", f"{n}:{m}"]) for n, m in LOSS_RUNS]
     print(loss_table(loss_rows))
     if args.loss_only:
         result = json.loads(RESULTS.read_text())
         RESULTS.write_text(json.dumps({**result, "loss_rows": loss_rows}, indent=2) + "\n")
-        return
-    if args.one:
-        preset, length, chunk = args.one.split(":")
-        chunk_size = int(chunk) if chunk else None
-        print(json.dumps(one_run(preset, int(length), chunk_size, args.steps, args.threads)))
         return
     rows = []
     for preset, length, chunk in RUNS:
