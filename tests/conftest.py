@@ -47,6 +47,8 @@ def pytest_collection_modifyitems(config, items):
 def tiny_position_ablation() -> list[str]:
     """Overrides that shrink ``experiment=position_ablation``: a small long-range mix beside the
     embedded corpus (synthesized into the cache on first use, its rows as long as data.seq_len),
-    the 2x2 grid of one seed, and the in-loop suite's tasks that fit 256 tokens."""
+    the 2x2 grid of one seed, the in-loop suite's tasks that fit 256 tokens, and a few held-out
+    long-range answers (the held-out documents stay the whole val split)."""
     return ["experiment=position_ablation", "ruler_mix.documents=50", "seed=0",
-            "callbacks.ruler.tasks=[lc_passkey,lc_niah_single,lc_copy]"]  # fmt: skip
+            "callbacks.ruler.tasks=[lc_passkey,lc_niah_single,lc_copy]",
+            "callbacks.held_out_answers.documents=8"]  # fmt: skip

@@ -1,5 +1,7 @@
-"""notebooks/ablation_curves.ipynb executes against a tiny CPU ablation (offline W&B) and makes
-its figures."""
+"""A tiny CPU position ablation (experiment=position_ablation, the 2x2 grid of one seed, offline
+W&B), trained once for the module: every arm records its group and toggles, says what it computes
+and is scored on the same held-out documents; notebooks/ablation_curves.ipynb executes against it
+and makes its figures."""
 
 from __future__ import annotations
 
@@ -10,8 +12,50 @@ from pathlib import Path
 import pytest
 from helpers import FAST, ROOT, run_train
 
+from longctx.data.arms import arm_description
+from longctx.experiments.ablation import summarize
+from longctx.experiments.analysis import load_local
+
 NOTEBOOK = ROOT / "notebooks" / "ablation_curves.ipynb"
 FIGURES = {"train_loss.png", "position_loss.png", "ablation.png", "held_out.png"}
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, tiny_position_ablation):
+    """python train.py -m with the tiny ablation: (its multirun folder, its stdout)."""
+    root = tmp_path_factory.mktemp("ablation")
+    proc = run_train(
+        [
+            "-m",
+            *tiny_position_ablation,
+            *FAST,
+            "logger=wandb",
+            "trainer.max_steps=4",
+            "trainer.val_check_interval=4",
+        ],
+        root,
+    )
+    return root / "multirun", proc.stdout
+
+
+def test_ablation_multirun_offline_wandb(sweep):
+    multirun, stdout = sweep
+    runs = list(multirun.rglob("wandb/offline-run-*"))
+    assert len(runs) == 4, runs
+    assert len(list(multirun.rglob("wandb/offline-run-*/*.wandb"))) == 4
+    # each arm's checkpoint records its group and toggles; the analysis reads them with the
+    # CSV log every run writes beside W&B's
+    frame = load_local(multirun)
+    toggles = set(zip(frame.reset_position_ids, frame.document_mask, strict=True))
+    assert toggles == {(True, True), (True, False), (False, True), (False, False)}
+    assert set(frame["group"]) == {"position_ablation"}
+    assert {"train/loss", "val/held_out_loss"} <= set(frame["metric"])
+    # each arm said what it computes, and was scored on the same held-out documents
+    assert {arm_description(r, m) for r, m in toggles} <= set(stdout.splitlines())
+    summary = summarize(multirun, n_boot=200)
+    assert len(summary["arms"]) == 4 and len(summary["pairs"]) == 6
+    assert 10 <= summary["documents"] <= 64  # the val split's first documents, up to 64
 
 
 def execute_notebook(source: Path, fig_dir: Path):
@@ -43,20 +87,9 @@ def cell_text(nb) -> str:
     )  # fmt: skip
 
 
-@pytest.mark.slow
-def test_notebook_executes_on_a_tiny_ablation(tmp_path, tiny_position_ablation):
-    run_train(
-        [
-            *tiny_position_ablation,
-            *FAST,
-            "logger=wandb",
-            "trainer.max_steps=4",
-            "trainer.val_check_interval=4",
-        ],
-        tmp_path,
-    )  # fmt: skip  (experiment=position_ablation sets hydra.mode=MULTIRUN: no -m needed)
-    assert len(list((tmp_path / "multirun").rglob("wandb/offline-run-*/*.wandb"))) == 4
-    nb = execute_notebook(tmp_path / "multirun", tmp_path / "figures")
+def test_notebook_executes_on_a_tiny_ablation(sweep, tmp_path):
+    multirun, _ = sweep
+    nb = execute_notebook(multirun, tmp_path / "figures")
     kernel_python = cell_text(nb).split("kernel python: ")[1].split("\n")[0]
     assert Path(kernel_python).resolve() == Path(sys.executable).resolve()  # the venv's python
     assert "4 runs," in cell_text(nb)

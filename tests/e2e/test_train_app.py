@@ -27,8 +27,6 @@ from omegaconf import OmegaConf
 
 from longctx.data.arms import arm_description
 from longctx.distributed.layout import ParallelConfig
-from longctx.experiments.ablation import summarize
-from longctx.experiments.analysis import load_local
 from longctx.model import Llama, LlamaConfig
 from longctx.train.app import ConfigError, run
 
@@ -175,35 +173,6 @@ def test_golden_loss_curve(tmp_path):
     run_train([*expected["overrides"], f"paths.cache_dir={CACHE_DIR}", "run_name=golden"], tmp_path)
     losses = train_losses(tmp_path / "outputs" / "train" / "golden")
     assert losses == pytest.approx(expected["losses"], rel=1e-4, abs=1e-4)
-
-
-@pytest.mark.slow
-def test_ablation_multirun_offline_wandb(tmp_path, tiny_position_ablation):
-    proc = run_train(
-        [
-            "-m",
-            *tiny_position_ablation,
-            *FAST,
-            "logger=wandb",
-            "trainer.max_steps=3",
-            "trainer.val_check_interval=3",
-        ],
-        tmp_path,
-    )
-    runs = list((tmp_path / "multirun").rglob("wandb/offline-run-*"))
-    assert len(runs) == 4, runs
-    # each arm's checkpoint records its group and toggles; the analysis reads them with the
-    # CSV log every run writes beside W&B's
-    frame = load_local(tmp_path / "multirun")
-    toggles = set(zip(frame.reset_position_ids, frame.document_mask, strict=True))
-    assert toggles == {(True, True), (True, False), (False, True), (False, False)}
-    assert set(frame["group"]) == {"position_ablation"}
-    assert {"train/loss", "val/held_out_loss"} <= set(frame["metric"])
-    # each arm said what it computes, and was scored on the same held-out documents
-    assert {arm_description(r, m) for r, m in toggles} <= set(proc.stdout.splitlines())
-    summary = summarize(tmp_path / "multirun", n_boot=200)
-    assert len(summary["arms"]) == 4 and len(summary["pairs"]) == 6
-    assert 10 <= summary["documents"] <= 64  # the val split's first documents, up to 64
 
 
 def test_unknown_key_is_named(tmp_path):
