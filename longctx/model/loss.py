@@ -16,10 +16,9 @@ Precision: the matmuls run in the inputs' dtype (the autocast dtype under autoca
 would; a bf16/fp16 product is upcast into the buffer, which is fp32 (fp64 for fp64 inputs), so the
 softmax, log-sum-exp and losses are fp32. Computing the logits in fp32 instead would need an fp32
 copy of the [V, dim] weight (2 GiB for Llama 3 8B, the size of a 4,096-token chunk's buffer) and
-fp32 matmuls. The
-logits' gradient is rounded back to the compute dtype for the two backward matmuls, and the
-gradients accumulate in that dtype, as autograd's sum over chunks of ``F.linear(h, w).float()``
-did; a compute dtype other than fp32 adds one [chunk, V] buffer in it.
+fp32 matmuls. The logits' gradient is rounded back to the compute dtype for the two backward
+matmuls, and the gradients accumulate in that dtype, as autograd's sum over chunks of
+``F.linear(h, w).float()`` did; a compute dtype other than fp32 adds one [chunk, V] buffer in it.
 """
 
 from __future__ import annotations
@@ -68,8 +67,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         want_h, want_w = ctx.needs_input_grad[:2]
         grad_h = torch.empty_like(h_ND) if want_h else None
         grad_w = torch.zeros_like(w_VD) if want_w else None
-        ignored_N = labels_N == IGNORE_INDEX
-        targets_N1 = labels_N.masked_fill(ignored_N, 0).unsqueeze(1)
+        ignored_N, targets_N1 = _targets(labels_N)
         scale_N1 = grad_N.to(lse_N.dtype).masked_fill(ignored_N, 0).unsqueeze(1)
         with torch.autocast(h_ND.device.type, enabled=False):
             for s in range(0, h_ND.shape[0], ctx.chunk):
@@ -93,8 +91,7 @@ def _forward(
     logits, low = buffers or _buffers(h_ND, w_VD, chunk)
     lse_N = logits.new_empty(h_ND.shape[0])
     losses_N = torch.empty_like(lse_N)
-    ignored_N = labels_N == IGNORE_INDEX
-    targets_N1 = labels_N.masked_fill(ignored_N, 0).unsqueeze(1)
+    ignored_N, targets_N1 = _targets(labels_N)
     for s in range(0, h_ND.shape[0], chunk):
         x_CV, e = _logits_into(logits, low, h_ND[s : s + chunk], w_VD), s + chunk
         target_C = x_CV.gather(1, targets_N1[s:e]).squeeze(1)
@@ -103,6 +100,12 @@ def _forward(
         lse_N[s:e] = x_CV.sub_(max_C[:, None]).exp_().sum(dim=1).log_().add_(max_C)
         losses_N[s:e] = (lse_N[s:e] - target_C).masked_fill_(ignored_N[s:e], 0)
     return losses_N, lse_N
+
+
+def _targets(labels_N: Tensor) -> tuple[Tensor, Tensor]:
+    """Where the label is IGNORE_INDEX, and the labels as [N, 1] gather indices (0 there)."""
+    ignored_N = labels_N == IGNORE_INDEX
+    return ignored_N, labels_N.masked_fill(ignored_N, 0).unsqueeze(1)
 
 
 def _buffers(h_ND: Tensor, w_VD: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
