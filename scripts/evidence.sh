@@ -3,17 +3,22 @@
 # the position ablation's 2x2 arms and the context extension's RoPE arms, each x the same three
 # seeds, stage-2 seed S continued from stage-1 seed S (so every arm difference is paired by
 # seed). Every run trains on the out-of-distribution long-range mix (longctx.synthetic.ood:
-# templates, keys and values the suite never scores) and is scored on the suite; the reports
-# (hierarchical, seed-paired intervals; per-instance .csv.gz and per-seed scores beside each JSON)
-# go to OUT_DIR. Runs go two at a time (PARALLEL), one thread each.
+# templates, keys and values the suite never scores) and is scored on the suite. Runs go two at a
+# time (PARALLEL), one thread each.
 #
 #   scripts/evidence.sh [RUNS_ROOT] [PART ...]        PART: control position extension (default: all)
+#   SEEDS=1 scripts/evidence.sh outputs/evidence      # one seed's three parts (one session's work)
 #
-# Resumable: a run whose suite results exist is skipped, one with checkpoints resumes
-# (ckpt_path=last), a part whose report JSON exists is skipped (FORCE=1 rewrites the reports).
-# It commits nothing. Each run's wall time and the load average before and after it go to
-# RUNS_ROOT/timing.csv. SMOKE=1: tiny steps, lengths and samples (the pipeline end to end in
-# minutes; results meaningless).
+# After each part its runs are archived to OUT_DIR/runs/PART (longctx.experiments.archive: every
+# result file and the run's record, no checkpoint) and the part's reports are rewritten from the
+# whole archive, every seed archived so far (hierarchical, seed-paired intervals; per-instance
+# .csv.gz and per-seed scores beside each JSON). The archive is what gets committed, so the series
+# goes on over sessions: a run already archived is skipped. Stage 2 of seed S needs control seed
+# S's checkpoint on this machine (checkpoints are never committed): run a seed's parts in one
+# go. Resumable: a run whose suite results exist is skipped, one with checkpoints resumes
+# (ckpt_path=last). It commits nothing. Each run's wall time and the load average before and
+# after it go to OUT_DIR/runs/timing.csv. SMOKE=1: tiny steps, lengths and samples (the pipeline
+# end to end in minutes; results meaningless).
 #
 # From the environment: SEEDS ("0 1 2"), PARALLEL (2), SEQ1 (256, the control's length), STEPS1
 # (50000), SEQ2 (2048), STEPS2 (600), ROWS2 (2), MIX_DOCUMENTS (20000 per task at stage 1, 4000 at
@@ -38,7 +43,7 @@ SEEDS="${SEEDS:-0 1 2}" PARALLEL="${PARALLEL:-2}" SEQ1="${SEQ1:-256}" STEPS1="${
 SEQ2="${SEQ2:-2048}" STEPS2="${STEPS2:-600}" ROWS2="${ROWS2:-2}" SAMPLES="${SAMPLES:-4}"
 DOCS1="${MIX_DOCUMENTS:-20000}" DOCS2="${MIX_DOCUMENTS:-4000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
 OUT_DIR="${OUT_DIR:-docs/evidence}" CONTROL_ARMS="${CONTROL_ARMS:-ruler_control ruler_control_nomix}"
-ANSWER_DOCS="${ANSWER_DOCS:-64}" FORCE="${FORCE:-0}"
+ANSWER_DOCS="${ANSWER_DOCS:-64}" ARCHIVE="$OUT_DIR/runs"
 # RULER's tasks that need no --qa-data (a length below a task's minimum is skipped and said),
 # and longctx's own needles, which fit the control's 256 tokens
 EVAL_TASKS="${EVAL_TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe,lc_passkey,lc_niah_single,lc_niah_multikey}"
@@ -53,14 +58,18 @@ done
 for part in $PARTS; do one_of PART "$part" control position extension; done
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true OMP_NUM_THREADS=1
-mkdir -p "$ROOT" "$OUT_DIR"
-[ -e "$ROOT/timing.csv" ] || echo "part,run,seed,wall_s,load1_before,load1_after,status" > "$ROOT/timing.csv"
+mkdir -p "$ROOT" "$ARCHIVE"
+TIMING="$ARCHIVE/timing.csv"
+[ -e "$TIMING" ] || echo "part,run,seed,wall_s,load1_before,load1_after,status" > "$TIMING"
 start=$SECONDS
 
 # ------------------------------------------------------------------------ one run, resumable
 # run PART NAME SEED FOLDER EVAL_ARGS -- TRAIN_ARGS...: train (or resume), then score on the suite
 run() {
   local part=$1 name=$2 seed=$3 folder=$4 eval_args=$5; shift 6
+  if [ -e "$ARCHIVE/${folder#"$ROOT"/}/run_record.json" ]; then
+    echo "evidence: $folder archived, skipped"; return
+  fi
   if [ -e "$folder/eval/ruler/ruler.json" ]; then echo "evidence: $folder done, skipped"; return; fi
   local resume=() t=$SECONDS load status=ok
   load=$(cut -d' ' -f1 /proc/loadavg)
@@ -73,7 +82,7 @@ run() {
         --depths 0 0.25 0.5 0.75 1 --samples "$SAMPLES" --seed "$INSTANCE_SEED" \
         --cache-dir "$CACHE" --lengths ${LENGTHS}
   } > "$folder.log" 2>&1 || status=failed
-  echo "$part,$name,$seed,$(( SECONDS - t )),$load,$(cut -d' ' -f1 /proc/loadavg),$status" >> "$ROOT/timing.csv"
+  echo "$part,$name,$seed,$(( SECONDS - t )),$load,$(cut -d' ' -f1 /proc/loadavg),$status" >> "$TIMING"
   [ "$status" = ok ] || { echo "evidence: $name (seed $seed) failed: $folder.log" >&2; return 1; }
 }
 
@@ -88,9 +97,24 @@ drain() {
   while [ -n "$(jobs -rp)" ]; do wait -n || jobs_failed=1; done
   [ "$jobs_failed" = 0 ] || { echo "evidence: a run failed (RUNS_ROOT/*.log)" >&2; exit 1; }
 }
-fresh() { [ "$FORCE" = 1 ] || [ ! -e "$1" ]; }
-note() { echo "$1; seeds $SEEDS; instance seed $INSTANCE_SEED; $(( SECONDS - start )) s wall so far"; }
+# the part's runs into the archive; the reports then read every seed archived so far
+archive() { "$PY" -m longctx.experiments.archive "$ROOT/$1" "$ARCHIVE/$1"; }
+archived_seeds() { echo $(ls "$ARCHIVE/$1" | sed -n 's/^seed//p' | sort -n); }
+note() { echo "$1; seeds $(archived_seeds "$2"); instance seed $INSTANCE_SEED; wall times: runs/timing.csv"; }
 control_of() { echo "$ROOT/control/seed$1/outputs/train/ruler_control"; }
+# stage 2 of a seed starts from its control's checkpoint, which only the machine that trained
+# it holds: refuse before training rather than fail in every run
+need_control() {  # SEED PART (both stage-2 parts have four arms a seed)
+  local ckpt archived
+  ckpt="$(control_of "$1")/checkpoints/last.ckpt"
+  archived=$(find "$ARCHIVE/$2/seed$1" -name run_record.json 2>/dev/null | wc -l)
+  [ -e "$ckpt" ] || [ "$archived" -ge 4 ] || {
+    echo "error: stage 2 of seed $1 needs $ckpt, which is not on this machine (checkpoints are" \
+      "never committed); run the seed's control here first (SEEDS=$1 $0 $ROOT control $2; a" \
+      "control already archived under $ARCHIVE/control/seed$1 must be removed to be retrained)" >&2
+    exit 2
+  }
+}
 
 # ---------------------------------------------------------- part 1: the control, three seeds
 if [[ " $PARTS " == *" control "* ]]; then
@@ -108,10 +132,9 @@ if [[ " $PARTS " == *" control "* ]]; then
     done
   done
   drain
-  if fresh "$OUT_DIR/control.json"; then
-    "$PY" -m longctx.experiments.ruler_report "$ROOT/control" --arm-by group --control ruler_control \
-      --json "$OUT_DIR/control.json" --note "$(note "control: tiny_long at $SEQ1, $STEPS1 steps, the OOD mix ($OOD) + repeat vs none")"
-  fi
+  archive control
+  "$PY" -m longctx.experiments.ruler_report "$ARCHIVE/control" --arm-by group --control ruler_control \
+    --json "$OUT_DIR/control.json" --note "$(note "control: tiny_long at $SEQ1, $STEPS1 steps, the OOD mix ($OOD) + repeat vs none" control)"
 fi
 
 # stage 2 continues each seed's control: its model (the RoPE arms set their own theta and
@@ -123,6 +146,7 @@ from_control=(model=tiny_long optim.optimizer.lr=1e-3 "data.seq_len=$SEQ2"
 # ------------------------------------------- part 2: the position ablation, 2x2 arms x seeds
 if [[ " $PARTS " == *" position "* ]]; then
   LENGTHS="$LENGTHS2"
+  for seed in $SEEDS; do need_control "$seed" position; done
   for seed in $SEEDS; do
     for reset in true false; do
       for mask in true false; do
@@ -138,17 +162,17 @@ if [[ " $PARTS " == *" position "* ]]; then
     done
   done
   drain
-  if fresh "$OUT_DIR/position.json"; then
-    "$PY" -m longctx.experiments.analysis "$ROOT/position" --out "$OUT_DIR/position.png" \
-      --title "$(note "position ablation from each seed's control, L=$SEQ2, $STEPS2 x $ROWS2 rows")"
-    "$PY" -m longctx.experiments.ruler_report "$ROOT/position" --arm-by position \
-      --json "$OUT_DIR/position_ruler.json" --note "$(note "position ablation, L=$SEQ2")"
-  fi
+  archive position
+  "$PY" -m longctx.experiments.analysis "$ARCHIVE/position" --out "$OUT_DIR/position.png" \
+    --title "$(note "position ablation from each seed's control, L=$SEQ2, $STEPS2 x $ROWS2 rows" position)"
+  "$PY" -m longctx.experiments.ruler_report "$ARCHIVE/position" --arm-by position \
+    --json "$OUT_DIR/position_ruler.json" --note "$(note "position ablation, L=$SEQ2" position)"
 fi
 
 # ------------------------------------------- part 3: the context extension, RoPE arms x seeds
 if [[ " $PARTS " == *" extension "* ]]; then
   LENGTHS="$LENGTHS2"
+  for seed in $SEEDS; do need_control "$seed" extension; done
   for seed in $SEEDS; do
     for arm in unchanged abf linear yarn; do
       folder="$ROOT/extension/seed$seed/outputs/train/rope_arm=$arm"
@@ -160,11 +184,10 @@ if [[ " $PARTS " == *" extension "* ]]; then
     done
   done
   drain
-  if fresh "$OUT_DIR/extension.json"; then
-    "$PY" -m longctx.experiments.extension_report "$ROOT/extension" --json "$OUT_DIR/extension.json" \
-      --out "$OUT_DIR/extension.png" --note "$(note "context extension $SEQ1 -> $SEQ2 from each seed's control")"
-    "$PY" -m longctx.experiments.ruler_report "$ROOT/extension" --arm-by rope_arm --control unchanged \
-      --json "$OUT_DIR/extension_ruler.json" --note "$(note "context extension, RoPE arms")"
-  fi
+  archive extension
+  "$PY" -m longctx.experiments.extension_report "$ARCHIVE/extension" --json "$OUT_DIR/extension.json" \
+    --out "$OUT_DIR/extension.png" --note "$(note "context extension $SEQ1 -> $SEQ2 from each seed's control" extension)"
+  "$PY" -m longctx.experiments.ruler_report "$ARCHIVE/extension" --arm-by rope_arm --control unchanged \
+    --json "$OUT_DIR/extension_ruler.json" --note "$(note "context extension, RoPE arms" extension)"
 fi
-echo "evidence: $(( SECONDS - start )) s; runs in $ROOT (timing.csv), reports in $OUT_DIR"
+echo "evidence: $(( SECONDS - start )) s; runs in $ROOT, their archive in $ARCHIVE (timing.csv), reports in $OUT_DIR"

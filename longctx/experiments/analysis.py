@@ -26,10 +26,15 @@ import pandas as pd
 from longctx.cli import command
 from longctx.data.arms import ARM_ORDER, arm_label
 from longctx.experiments.ablation import format_summary, per_instance, summarize
-from longctx.experiments.runs import find_runs, require_runs, run_name, run_settings
+from longctx.experiments.runs import (
+    CSV_LOG,
+    find_runs,
+    metrics_log,
+    require_runs,
+    run_name,
+    run_settings,
+)
 from longctx.experiments.statistics import write_per_instance
-
-CSV_LOG = Path("csv") / "metrics.csv"
 
 COLUMNS = [
     "run", "group", "variant", "reset_position_ids", "document_mask", "step", "metric", "value",
@@ -86,10 +91,10 @@ def load_local(root: str | Path) -> pd.DataFrame:
 
 def load_run_dir(run_dir: Path, root: Path | None = None) -> pd.DataFrame:
     settings = run_settings(run_dir)
-    csv_file = run_dir / CSV_LOG
-    if not csv_file.is_file():
+    csv_file = metrics_log(run_dir)
+    if csv_file is None:
         raise FileNotFoundError(
-            f"run {run_dir} has no metrics: expected {csv_file} (logger=csv, or the default "
+            f"run {run_dir} has no metrics: expected {run_dir / CSV_LOG} (logger=csv, or the default "
             "logger=wandb, which writes it too)"
         )
     name = run_name(run_dir, root or run_dir)

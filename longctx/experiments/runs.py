@@ -1,20 +1,41 @@
-"""The run folders of a sweep and what each one's record says (longctx.runs.record)."""
+"""The run folders of a sweep and what each one's record says (longctx.runs.record).
+
+A run folder is what train.py writes (it holds checkpoints/), or its archive: the same files
+without the checkpoints and with the run's record as JSON (longctx.experiments.archive), which
+the reports read alike."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from longctx.runs.folder import CHECKPOINTS, is_run_folder
-from longctx.runs.record import read_stored_run
+from longctx.runs.record import read_record_file, read_stored_run
+
+RECORD_FILE = "run_record.json"  # an archived run's record, in place of its checkpoints
+CSV_LOG = Path("csv") / "metrics.csv"  # every run's metrics (gzipped in an archive)
+
+
+def metrics_log(run_dir: Path) -> Path | None:
+    """The run's metrics log: train.py's CSV, or its archive's gzipped copy."""
+    for path in (run_dir / CSV_LOG, run_dir / CSV_LOG.with_name(CSV_LOG.name + ".gz")):
+        if path.is_file():
+            return path
+    return None
+
+
+def is_archived_run(path: Path) -> bool:
+    return (path / RECORD_FILE).is_file() and not is_run_folder(path)
 
 
 def find_runs(root: str | Path) -> list[Path]:
-    """Run folders under ``root`` (``root`` itself included): folders holding checkpoints/."""
+    """Run folders under ``root`` (``root`` itself included): folders holding checkpoints/, or
+    archived runs."""
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"no such folder: {root}")
-    found = {p.parent for p in root.rglob(CHECKPOINTS) if p.is_dir()}
-    return sorted(p for p in found if is_run_folder(p))
+    found = {p.parent for p in root.rglob(CHECKPOINTS) if p.is_dir() and is_run_folder(p.parent)}
+    found |= {p.parent for p in root.rglob(RECORD_FILE) if is_archived_run(p.parent)}
+    return sorted(found)
 
 
 def require_runs(root: str | Path) -> list[Path]:
@@ -22,15 +43,18 @@ def require_runs(root: str | Path) -> list[Path]:
     if not runs:
         raise FileNotFoundError(
             f"no run folders under {root}: expected folders with {CHECKPOINTS}/ as train.py "
-            "writes them"
+            f"writes them, or archived runs ({RECORD_FILE})"
         )
     return runs
 
 
 def run_settings(run_dir: Path) -> dict:
-    """{"model", "data", "run"} of the run as its last checkpoint records them ("run": group,
-    seed and tags)."""
-    config = read_stored_run(run_dir).config
+    """{"model", "data", "run"} of the run as its last checkpoint (or its archive) records
+    them ("run": group, seed and tags)."""
+    if is_archived_run(run_dir):
+        config = read_record_file(run_dir / RECORD_FILE)["config"]
+    else:
+        config = read_stored_run(run_dir).config
     return {"run": {}, **config}
 
 

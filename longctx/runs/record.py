@@ -130,16 +130,36 @@ def read_stored_run(path: str | Path) -> StoredRun:
     checkpoint = checkpoint_in(Path(path))
     contents = read_checkpoint(checkpoint)
     record = contents.get(CHECKPOINT_KEY) if isinstance(contents, dict) else None
-    config = (record or {}).get("config")
-    if not isinstance(config, dict) or not {"model", "data"} <= config.keys():
-        raise RecordError(
-            f"{checkpoint} holds no run config (key {CHECKPOINT_KEY!r} with model and data); "
-            "expected a checkpoint written by train.py"
-        )
-    validate(config["model"], MODEL_TARGETS, f"{checkpoint}: {CHECKPOINT_KEY}.config.model")
-    validate(config["data"], DATA_TARGETS, f"{checkpoint}: {CHECKPOINT_KEY}.config.data")
-    _refuse_nested_targets(config.get("run", {}), f"{checkpoint}: {CHECKPOINT_KEY}.config.run")
+    config = validated_config(
+        record, checkpoint, CHECKPOINT_KEY, "a checkpoint written by train.py"
+    )
     return StoredRun(checkpoint, contents, config, record.get("identity") or {})
+
+
+def read_record_file(path: str | Path) -> dict:
+    """The validated record a run's archive keeps in place of its checkpoints (a JSON file of
+    ``{"identity", "config"}``, longctx.experiments.archive): the same checks as a checkpoint's."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RecordError(f"{path} is not a readable run record ({err}); expected JSON") from err
+    validated_config(record, path, None, "the record longctx.experiments.archive writes")
+    return record
+
+
+def validated_config(record: Any, source: Path, key: str | None, expected: str) -> dict:
+    """``record``'s config {"model", "data"[, "run"]}, refused unless it is longctx's own
+    (``source``: the file read, ``key``: where in it the record was, for the errors)."""
+    where = f"{source}: {key}" if key else str(source)
+    config = record.get("config") if isinstance(record, dict) else None
+    if not isinstance(config, dict) or not {"model", "data"} <= config.keys():
+        held = f"key {key!r} with model and data" if key else "model and data"
+        raise RecordError(f"{source} holds no run config ({held}); expected {expected}")
+    validate(config["model"], MODEL_TARGETS, f"{where}.config.model")
+    validate(config["data"], DATA_TARGETS, f"{where}.config.data")
+    _refuse_nested_targets(config.get("run", {}), f"{where}.config.run")
+    return config
 
 
 def validate(node: Any, targets: Mapping[str, Callable], where: str) -> None:
