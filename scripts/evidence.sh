@@ -105,10 +105,12 @@ control_of() { echo "$ROOT/control/seed$1/outputs/train/ruler_control"; }
 # stage 2 of a seed starts from its control's checkpoint, which only the machine that trained
 # it holds: refuse before training rather than fail in every run
 need_control() {  # SEED PART (both stage-2 parts have four arms a seed)
-  local ckpt archived
+  local ckpt
   ckpt="$(control_of "$1")/checkpoints/last.ckpt"
-  archived=$(find "$ARCHIVE/$2/seed$1" -name run_record.json 2>/dev/null | wc -l)
-  [ -e "$ckpt" ] || [ "$archived" -ge 4 ] || {
+  # (a substitution inside the test: find fails on an absent archive, which pipefail would
+  # turn into a silent exit of the whole script)
+  [ -e "$ckpt" ] ||
+    [ "$(find "$ARCHIVE/$2/seed$1" -name run_record.json 2>/dev/null | wc -l)" -ge 4 ] || {
     echo "error: stage 2 of seed $1 needs $ckpt, which is not on this machine (checkpoints are" \
       "never committed); run the seed's control here first (SEEDS=$1 $0 $ROOT control $2; a" \
       "control already archived under $ARCHIVE/control/seed$1 must be removed to be retrained)" >&2
