@@ -277,6 +277,14 @@ def answer_loss_summary(runs: list[RunInfo], arms, names: dict, n_boot: int, rng
              for r in runs]  # fmt: skip
     frame = pd.concat(parts, ignore_index=True)
     frame["arm"] = frame["run"].map({r.name: r.arm for r in runs})
+    # per task too: the tasks differ in how much retrieval predicts (a span copied after
+    # "Recite:" against a value found through three hops), which the pooled loss mixes
+    return {**_answer_rows(frame, arms, names, n_boot, rng),
+            "tasks": {task: _answer_rows(part, arms, names, n_boot, rng)
+                      for task, part in frame.groupby("task")}}  # fmt: skip
+
+
+def _answer_rows(frame: pd.DataFrame, arms, names: dict, n_boot: int, rng) -> dict:
     samples = {arm: arm_sample(frame, arm) for arm in arms}
     first = samples[arms[0]]
     return {
@@ -324,7 +332,18 @@ def format_summary(summary: dict) -> str:
                   "| arm | answer loss [95% CI] |", "|---|---|"]  # fmt: skip
         lines += [f"| {r['arm']} | {r['loss']:.4f} {_ci(r['ci'])} |" for r in answers["arms"]]
         lines += ["", *pairs_table(answers["pairs"], "answer loss a - b [95% CI]")]
+        lines += ["", *_task_table(answers["tasks"])]
     return "\n".join(lines)
+
+
+def _task_table(tasks: dict) -> list[str]:
+    """Answer loss per task (rows) and arm (columns)."""
+    arms = [r["arm"] for r in next(iter(tasks.values()))["arms"]]
+    lines = [f"| task (answer tokens) | {' | '.join(arms)} |", "|---|" + "---|" * len(arms)]
+    for task, rows in tasks.items():
+        cells = " | ".join(f"{r['loss']:.3f} {_ci(r['ci'])}" for r in rows["arms"])
+        lines.append(f"| {task} ({rows['answer_tokens']:,}) | {cells} |")
+    return lines
 
 
 def pairs_table(pairs: list[dict], what: str) -> list[str]:

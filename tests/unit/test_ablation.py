@@ -230,9 +230,9 @@ def test_arms_on_other_seeds_are_compared_unpaired(tmp_path):
 
 
 def write_answers(run, losses, steps=(10, 20)):
-    """eval/held_out_answers.csv as longctx.eval.answer_loss writes it: per document, the loss
-    sum over its answer tokens."""
-    rows = [{"step": step, "doc": doc, "task": "ood_ledger", "tokens": 7,
+    """eval/held_out_answers.csv as longctx.eval.answer_loss writes it: per document (the tasks
+    in turn), the loss sum over its answer tokens."""
+    rows = [{"step": step, "doc": doc, "task": ("ood_ledger", "ood_echo")[doc % 2], "tokens": 7,
              "loss_sum": 7 * (loss + (0 if step == max(steps) else 9))}
             for step in steps for doc, loss in enumerate(losses)]  # fmt: skip
     pd.DataFrame(rows).to_csv(run / "eval" / "held_out_answers.csv", index=False)
@@ -254,7 +254,13 @@ def test_answer_token_loss_is_summarized_per_arm_and_pair(tmp_path):
     assert control["loss"] == pytest.approx(answers.mean(), abs=0.01)
     (pair,) = answers_summary["pairs"]
     assert pair["paired"] and pair["ci"][0] < 1.0 < pair["ci"][1] and pair["ci"][0] > 0.95
-    assert "held-out answer tokens" in S.format_summary(summary)
+    echo = answers_summary["tasks"]["ood_echo"]  # the odd documents
+    assert echo["documents"] == 16 and echo["answer_tokens"] == 16 * 7
+    assert echo["arms"][0]["loss"] == pytest.approx(answers[1::2].mean(), abs=0.01)
+    (echo_pair,) = echo["pairs"]
+    assert echo_pair["paired"] and echo_pair["ci"][0] < 1.0 < echo_pair["ci"][1]
+    text = S.format_summary(summary)
+    assert "held-out answer tokens" in text and "| ood_echo (112) |" in text
     rows = S.per_instance(tmp_path)
     assert (rows["set"] == "answers").sum() == 4 * 32
 
