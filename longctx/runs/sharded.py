@@ -9,28 +9,34 @@ verify, eval, a resume under ``trainer=fsdp``) goes through this module:
 - :func:`read_dcp_metadata` unpickles ``.metadata`` admitting only the globals a
   distributed-checkpoint index holds (:data:`ALLOWED_GLOBALS`: its metadata classes,
   ``torch.Size``, dtypes, layouts and memory formats, a ``pathlib`` path), the way
-  ``weights_only`` admits only tensors, and checks what it got: a ``Metadata`` whose storage
-  entries name files inside the folder;
+  ``weights_only`` admits only tensors, lets a BUILD fill in only a fresh instance of those
+  metadata dataclasses (never set attributes on a class or any other object), and checks what it
+  got: a ``Metadata`` whose storage entries name files inside the folder (``..`` and symlinks
+  resolved with ``os.path.realpath``);
 - :class:`SafeFileSystemReader` reads metadata that way, and :class:`SafeLoadPlanner` loads
   non-tensor items with ``weights_only=True``; :func:`load_sharded` is ``dcp.load`` with both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
+    ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
     StorageMeta,
+    TensorProperties,
     TensorStorageMetadata,
 )
 
@@ -73,29 +79,68 @@ class UnreadableShardedCheckpoint(ValueError):
     """A sharded checkpoint folder whose index or data is missing, empty or truncated."""
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """pickle.Unpickler that resolves only :data:`ALLOWED_GLOBALS` and torch constants."""
+# The classes whose instances a BUILD may fill in (what pickle does after NEWOBJ for a dataclass):
+# torch's dataclasses, each given its fields as a dict; TensorProperties its own 5-tuple state.
+_BUILT_CLASSES = (
+    Metadata,
+    StorageMeta,
+    TensorStorageMetadata,
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    TensorProperties,
+    MetadataIndex,
+    _StorageInfo,
+)
+
+
+class _MetadataUnpickler(pickle._Unpickler):  # the Python one: its opcodes can be overridden
+    """pickle's Unpickler that resolves only :data:`ALLOWED_GLOBALS` and torch constants, and
+    whose BUILD fills in only a fresh instance of a distributed-checkpoint dataclass with its own
+    fields. pickle's BUILD would otherwise ``setattr`` anything on any object on the stack, a
+    class included (a BUILD on ``PurePosixPath`` once rewrote ``parts`` for the whole process)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, file, folder: Path) -> None:
         super().__init__(file)
         self.folder = folder
+
+    def refuse(self, what: str) -> UnsafeShardedCheckpoint:
+        return UnsafeShardedCheckpoint(
+            f"sharded checkpoint {self.folder} is refused: its {METADATA_FILE} {what}; pass a "
+            "checkpoint folder written by longctx (torch.distributed.checkpoint)"
+        )
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), _TORCH_CONSTANT_TYPES):
             return getattr(torch, name)
-        raise UnsafeShardedCheckpoint(
-            f"sharded checkpoint {self.folder} is refused: its {METADATA_FILE} names "
-            f"{module}.{name}, which is not distributed-checkpoint metadata (unpickling it could "
-            "run code); pass a checkpoint folder written by longctx (torch.distributed.checkpoint)"
+        raise self.refuse(
+            f"names {module}.{name}, which is not distributed-checkpoint metadata (unpickling "
+            "it could run code)"
         )
 
     def persistent_load(self, pid: Any) -> Any:
-        raise UnsafeShardedCheckpoint(
-            f"sharded checkpoint {self.folder} is refused: its {METADATA_FILE} holds a "
-            "persistent id, which distributed-checkpoint metadata never does"
-        )
+        raise self.refuse("holds a persistent id, which distributed-checkpoint metadata never does")
+
+    def load_build(self) -> None:
+        state = self.stack.pop()
+        target = self.stack[-1]
+        kind = type(target)
+        if kind not in _BUILT_CLASSES:
+            raise self.refuse(f"sets attributes on {kind.__name__} {target!r:.80}, not on metadata")
+        if kind is TensorProperties:
+            if not (isinstance(state, tuple) and len(state) == 5):
+                raise self.refuse("has TensorProperties whose state is not its 5 fields")
+            target.__setstate__(state)  # torch's own: assigns its five fields
+            return
+        fields = {f.name for f in dataclasses.fields(kind)}
+        if not isinstance(state, dict) or not set(state) <= fields:
+            raise self.refuse(f"sets {kind.__name__} fields other than its own ({sorted(fields)})")
+        target.__dict__.update(state)  # as pickle does (MetadataIndex is frozen)
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def read_dcp_metadata(folder: str | os.PathLike, name: str = METADATA_FILE) -> Metadata:
@@ -145,13 +190,21 @@ def _check_metadata(metadata: Any, folder: Path) -> None:
         raise refuse(f"has storage_data of type {type(storage).__name__}")
     for index, info in storage.items():
         relative = getattr(info, "relative_path", None)
-        if not isinstance(index, MetadataIndex) or not isinstance(relative, str):
+        if type(index) is not MetadataIndex or type(relative) is not str:
             raise refuse("has a storage entry that is not (MetadataIndex, _StorageInfo)")
-        parts = PurePosixPath(relative).parts
-        if not parts or relative.startswith(("/", "\\")) or ".." in parts or "\\" in relative:
+        if not _inside(relative, folder):
             raise refuse(f"points a tensor at {relative!r}, outside the folder")
     if metadata.storage_meta is not None and not isinstance(metadata.storage_meta, StorageMeta):
         raise refuse(f"has storage_meta of type {type(metadata.storage_meta).__name__}")
+
+
+def _inside(relative: str, folder: Path) -> bool:
+    """Whether ``folder/relative`` is a file name inside ``folder`` once every ``..`` and symlink
+    is resolved: plain strings compared, nothing a pickle could have touched."""
+    if not relative or "\\" in relative or os.path.isabs(relative):
+        return False
+    root = os.path.realpath(folder)
+    return os.path.realpath(os.path.join(root, relative)).startswith(root + os.sep)
 
 
 class SafeFileSystemReader(FileSystemReader):

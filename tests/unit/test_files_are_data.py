@@ -137,6 +137,40 @@ def test_a_tensor_stored_outside_the_folder_is_refused(tmp_path):
         read_dcp_metadata(folder)
 
 
+def test_a_build_on_an_allowed_class_is_refused(tmp_path):
+    """A BUILD on the class PurePosixPath (allowed as a global) once set its ``parts`` for the
+    whole process, so the inside-the-folder check passed a tensor at ../outside; only a fresh
+    metadata instance may be filled in now, and the process's pathlib is untouched."""
+    from pathlib import PurePosixPath
+
+    folder = tmp_path / "ckpt"
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=folder)
+    metadata = read_dcp_metadata(folder)
+    for info in metadata.storage_data.values():
+        info.relative_path = "../outside/w.distcp"
+    body = pickle.dumps(metadata, protocol=2)
+    # GLOBAL pathlib.PurePosixPath, (None, {"parts": ("ok",)}), BUILD, POP; then the metadata
+    build = b"cpathlib\nPurePosixPath\nN(X\x05\x00\x00\x00parts(X\x02\x00\x00\x00oktd\x86b0"
+    (folder / METADATA_FILE).write_bytes(body[:2] + build + body[2:])
+    with pytest.raises(UnsafeShardedCheckpoint, match="sets attributes on type .*PurePosixPath"):
+        read_dcp_metadata(folder)
+    assert PurePosixPath("a/b").parts == ("a", "b")
+
+
+def test_a_tensor_file_linked_outside_the_folder_is_refused(tmp_path):
+    """The inside-the-folder check resolves symlinks: a data file that is a link to a file
+    outside is refused, as a ``..`` is."""
+    folder = tmp_path / "ckpt"
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=folder)
+    (data,) = [p for p in folder.iterdir() if p.name != METADATA_FILE]
+    outside = tmp_path / "outside.distcp"
+    data.rename(outside)
+    data.symlink_to(outside)
+    with pytest.raises(UnsafeShardedCheckpoint, match=f"'{data.name}', outside") as err:
+        read_dcp_metadata(folder)
+    one_line(err)
+
+
 def test_a_non_tensor_item_is_loaded_weights_only(tmp_path):
     """torch's planner loads a non-tensor item (an optimizer's param_groups) with
     weights_only=False; ours refuses a pickled global there, in one line."""
