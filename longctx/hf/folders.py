@@ -4,7 +4,9 @@ transformers runs a folder's own Python when its ``config.json`` (or ``tokenizer
 has an ``auto_map`` and ``trust_remote_code`` is true (and, left unset, asks on a terminal).
 So every transformers call longctx makes on a folder (``model=hf``, the probe, eval ``--hf``,
 verify) first passes :func:`check_no_remote_code`, which refuses such a folder in one line before
-transformers sees it, and then passes :data:`LOCAL_ONLY` explicitly.
+transformers sees it, and then passes :data:`LOCAL_ONLY` explicitly. The same check refuses a
+config.json that names attention other than transformers' local ones (:data:`LOCAL_ATTENTION`):
+``attn_implementation: "<org>/<repo>"`` is a hub kernel transformers would download and run.
 
 A *loader option* (:data:`LOADER_OPTIONS`) is a keyword of ``from_pretrained`` that decides whose
 code runs, where files come from, or how they are fetched. It is longctx's to set, never a
@@ -41,6 +43,13 @@ LONGCTX_OPTIONS = {
 }
 
 
+# the attention a folder's config.json may name: transformers' own, computed locally. Any other
+# is code from elsewhere: "<org>/<repo>" is a hub kernel transformers downloads, and
+# flash_attention_2/3 fall back to one when flash_attn is not installed.
+LOCAL_ATTENTION = frozenset({"eager", "sdpa", "flex_attention"})
+ATTENTION_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal")
+
+
 class RemoteCodeRefused(ValueError):
     """A folder that ships model or tokenizer code of its own."""
 
@@ -59,13 +68,17 @@ def read_config_json(folder: Path, name: str = CONFIG_FILE) -> dict:
 
 
 def check_no_remote_code(folder: str | Path) -> None:
-    """Refuse a folder whose config.json or tokenizer_config.json has an ``auto_map``: code of
-    its own, which longctx never runs. Call before any transformers call on the folder."""
+    """Refuse a folder whose config.json or tokenizer_config.json has an ``auto_map`` (code of
+    its own, which longctx never runs), or whose config.json names attention code from elsewhere
+    (a hub kernel: a download). Call before any transformers call on the folder."""
     folder = Path(folder)
     for name in CODE_MAP_FILES:
         if not (folder / name).is_file():
             continue
-        auto_map = read_config_json(folder, name).get("auto_map")
+        config = read_config_json(folder, name)
+        auto_map = config.get("auto_map")
+        if name == CONFIG_FILE:
+            _check_attention_named(config, folder)
         if auto_map:
             classes = sorted(auto_map) if isinstance(auto_map, dict) else auto_map
             raise RemoteCodeRefused(
@@ -73,6 +86,23 @@ def check_no_remote_code(folder: str | Path) -> None:
                 "that longctx never runs; use a folder of an architecture transformers ships "
                 "(save_pretrained of a built-in class)"
             )
+
+
+def _check_attention_named(config: dict, folder: Path, where: str = CONFIG_FILE) -> None:
+    """Refuse a config.json (or a sub-config in it) naming attention other than
+    :data:`LOCAL_ATTENTION`, as a value or in a per-sub-config dict."""
+    for key, value in config.items():
+        if key in ATTENTION_KEYS and value is not None:
+            named = value.values() if isinstance(value, dict) else [value]
+            if not all(v is None or (isinstance(v, str) and v in LOCAL_ATTENTION) for v in named):
+                raise RemoteCodeRefused(
+                    f"{folder} is refused: its {where} sets {key}={value!r}, attention code "
+                    "transformers would fetch or pick for it (a hub kernel is downloaded); "
+                    f"longctx chooses the attention itself: remove {key}, or set one of "
+                    f"{sorted(LOCAL_ATTENTION)}"
+                )
+        if isinstance(value, dict):
+            _check_attention_named(value, folder, f"{where} {key}")
 
 
 def check_override_names(overrides: dict, where: str = "model.config_overrides") -> None:

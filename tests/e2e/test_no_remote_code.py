@@ -171,6 +171,31 @@ def test_a_tokenizer_config_with_auto_map_is_refused(folders, tmp_path):
         load_hf_folder(folder)
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["kernels-community/flash-attn", "org/repo@v1:fn", "flash_attention_2",
+     {"": "sdpa", "text_config": "org/repo"}],
+)  # fmt: skip
+def test_a_config_naming_attention_code_from_elsewhere_is_refused(folders, tmp_path, value):
+    """attn_implementation "<org>/<repo>" in a folder's config.json reaches transformers' hub
+    kernel loader (a download, then its code runs); flash_attention_2 falls back to one. Every
+    path that opens a folder refuses it, naming the key; transformers' local ones load."""
+    plain, _, _ = folders
+    import shutil
+
+    folder = shutil.copytree(plain, tmp_path / "kernel")
+    config = json.loads((folder / "config.json").read_text())
+    for key in ("attn_implementation", "_attn_implementation"):
+        (folder / "config.json").write_text(json.dumps({**config, key: value}))
+        with pytest.raises(RemoteCodeRefused, match=f"sets {key}=") as err:
+            load_hf_folder(folder)  # python -m longctx.eval --hf DIR
+        assert str(folder) in one_line(err)
+        with pytest.raises(RemoteCodeRefused, match=f"sets {key}="):
+            HFModelSpec(path=folder)  # model=hf, eval and export of its runs, the probe
+    (folder / "config.json").write_text(json.dumps({**config, "attn_implementation": "sdpa"}))
+    HFModelSpec(path=folder).build()
+
+
 def test_eval_hf_training_and_the_probe_refuse_it(folders, tmp_path):
     _, hostile, marker = folders
     with pytest.raises(RemoteCodeRefused) as err:
