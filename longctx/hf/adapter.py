@@ -478,15 +478,28 @@ class HFModelSpec:
 
 def greedy_continuations(hf_model, input_ids: Tensor, max_new_tokens: int) -> list[list[int]]:
     """transformers' own greedy ``generate`` (one beam, no sampling, stopping at the model's
-    EOS) of ``max_new_tokens`` after each row of ``input_ids``: the new ids per row."""
-    config = hf_model.generation_config
-    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-    out = hf_model.generate(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        do_sample=False,
-        num_beams=1,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad,
-    )
+    EOS) of ``max_new_tokens`` after each row of ``input_ids``: the new ids per row.
+
+    Greedy means greedy whatever the folder's generation_config.json says: generate fills every
+    setting left unset from ``hf_model.generation_config`` (a repetition_penalty, suppress_tokens,
+    a min_length would change the predictions), so it runs with a config of only the eos/pad ids
+    and the length, and the model's own is put back afterwards."""
+    from transformers import GenerationConfig
+
+    stored = hf_model.generation_config
+    eos = stored.eos_token_id
+    pad = stored.pad_token_id if stored.pad_token_id is not None else eos
+    if isinstance(pad, list):
+        pad = pad[0] if pad else None
+    greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+                              eos_token_id=eos, pad_token_id=pad)  # fmt: skip
+    hf_model.generation_config = greedy
+    try:
+        out = hf_model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            generation_config=greedy,
+        )
+    finally:
+        hf_model.generation_config = stored
     return out[:, input_ids.shape[1] :].tolist()

@@ -1,0 +1,63 @@
+"""What a handed-over transformers folder can do to ``python -m longctx.eval --hf DIR``: its
+generation_config.json changes no greedy prediction, a NaN weight is refused, and a broken
+tokenizer, truncated weights or a vocabulary that does not fit the tokenizer is one line, never
+a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from helpers import CACHE_DIR
+from probe_fixtures import save_hf
+
+from longctx.eval import cli as eval_cli
+from longctx.hf.export_tokenizer import write_byte_tokenizer
+
+SIZES = dict(vocab_size=300, hidden_size=32, intermediate_size=64, max_position_embeddings=512)
+SUITE = ["--suite", "ruler", "--tasks", "lc_passkey", "--lengths", "128",
+         "--depths", "0.25", "0.75", "--samples", "2", "--cache-dir", str(CACHE_DIR)]  # fmt: skip
+
+
+def hf_folder(folder, **sizes) -> str:
+    """A seeded tiny Llama with the byte tokenizer (259 ids) beside it: a folder eval --hf scores."""
+    save_hf("llama", folder, **{**SIZES, **sizes})
+    write_byte_tokenizer(folder, SIZES["max_position_embeddings"])
+    return str(folder)
+
+
+def copy(folder, dest) -> str:
+    return str(shutil.copytree(folder, dest))
+
+
+def predictions(folder, out) -> list[str]:
+    summary = eval_cli.main(["--hf", str(folder), *SUITE, "--out", str(out)])
+    assert summary["instances"] == 4
+    import pandas as pd
+
+    return pd.read_csv(out / "ruler_results.csv")["prediction"].fillna("").tolist()
+
+
+def one_line(err: pytest.ExceptionInfo) -> str:
+    assert "\n" not in str(err.value), str(err.value)
+    return str(err.value)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    return hf_folder(tmp_path_factory.mktemp("hf") / "plain")
+
+
+# --------------------------------------------------------------------------- greedy is greedy
+def test_generation_config_json_changes_no_prediction(plain, tmp_path):
+    """A folder's generation_config.json with a repetition penalty, suppressed tokens and a
+    minimum length gives the same greedy predictions as the folder without one (transformers
+    fills every unset setting from it)."""
+    base = predictions(plain, tmp_path / "base")
+    hostile = copy(plain, tmp_path / "hostile")
+    config = json.loads((tmp_path / "hostile" / "generation_config.json").read_text())
+    config.update(repetition_penalty=50.0, suppress_tokens=list(range(0, 256)),
+                  min_new_tokens=5, no_repeat_ngram_size=1, temperature=3.0)  # fmt: skip
+    (tmp_path / "hostile" / "generation_config.json").write_text(json.dumps(config))
+    assert predictions(hostile, tmp_path / "theirs") == base
