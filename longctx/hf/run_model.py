@@ -11,7 +11,7 @@ import torch
 
 from longctx.model import Llama, LlamaConfig
 from longctx.runs.record import StoredRun
-from longctx.train.init_from import InitFromError, WeightSource, resolve
+from longctx.train.init_from import InitFromError, WeightSource, check_finite_weights, resolve
 
 EXPORT_RECORD = "longctx_export.json"  # written into every export: where it came from
 
@@ -81,11 +81,13 @@ def weights_source(checkpoint: Path, config: LlamaConfig) -> WeightSource:
 
 
 def read_model(checkpoint: Path, config: LlamaConfig) -> Llama:
-    """longctx's Llama with ``checkpoint``'s weights, on the CPU in fp32."""
+    """longctx's Llama with ``checkpoint``'s weights, on the CPU in fp32; weights with a NaN or
+    inf are refused."""
     config = dataclasses.replace(config, init_from=str(checkpoint))
     source = weights_source(checkpoint, config)  # before anything is allocated
     with torch.device("meta"):
         model = Llama(config)
     model.to_empty(device="cpu")
     source.load_into(model)
+    check_finite_weights(model, f"checkpoint {checkpoint}")  # never exported as a model
     return model.eval()

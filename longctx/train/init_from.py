@@ -302,13 +302,15 @@ def load_init_weights(model: nn.Module, device: torch.device | str) -> None:
     fill it from ``model.config.init_from``."""
     model.to_empty(device=device)
     resolve(model.config.init_from).load_into(model)
-    check_finite_weights(model, model.config.init_from)
+    check_finite_weights(model, f"model.init_from={model.config.init_from!r}")
 
 
 def check_finite_weights(model: nn.Module, source: str) -> None:
-    """Refuse weights with NaN or inf, naming the tensors: they would train to a NaN model.
-    Under FSDP2 each rank checks its own shards and every rank learns of any rank's finding, so
-    all stop together."""
+    """Refuse weights with NaN or inf, naming ``source`` and the tensors: they would train to a
+    NaN model, or score and export one as if it were a model. The one check of every path that
+    loads weights (init_from, eval of a checkpoint or an --hf folder, export). Under FSDP2 each
+    rank checks its own shards and every rank learns of any rank's finding, so all stop
+    together."""
     bad = [name for name, t in model.state_dict().items() if not _all_finite(t)]
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         found: list = [None] * torch.distributed.get_world_size()
@@ -317,7 +319,7 @@ def check_finite_weights(model: nn.Module, source: str) -> None:
     if bad:
         listed = ", ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
         raise InitFromError(
-            f"model.init_from={source!r} holds NaN or infinite values in {listed}; expected "
+            f"{source} holds NaN or infinite values in {listed}; expected "
             "finite weights (a run that diverged, or a damaged file)"
         )
 

@@ -61,3 +61,35 @@ def test_generation_config_json_changes_no_prediction(plain, tmp_path):
                   min_new_tokens=5, no_repeat_ngram_size=1, temperature=3.0)  # fmt: skip
     (tmp_path / "hostile" / "generation_config.json").write_text(json.dumps(config))
     assert predictions(hostile, tmp_path / "theirs") == base
+
+
+# --------------------------------------------------------------------------- NaN weights
+def test_a_nan_weight_is_refused_by_eval_and_export(tmp_path):
+    """init_from refused a checkpoint holding a NaN; eval (both modes), eval --hf and export
+    scored or exported it with exit 0. All use init_from's one check now."""
+    import torch
+    from export_helpers import make_run
+
+    from longctx.hf.export import export
+    from safetensors.torch import load_file, save_file
+
+    run = make_run(tmp_path / "nan")
+    ckpt = run / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, weights_only=True)
+    state["state_dict"]["model.layers.1.feed_forward.w2.weight"][0, 0] = float("nan")
+    torch.save(state, ckpt)
+    for mode in (["--no-probe"], SUITE):
+        with pytest.raises(ValueError, match=r"last\.ckpt holds NaN or infinite values in "
+                           r"layers\.1\.feed_forward\.w2\.weight") as err:  # fmt: skip
+            eval_cli.main([str(ckpt), *mode, "--out", str(tmp_path / "eval")])
+        one_line(err)
+    with pytest.raises(ValueError, match="holds NaN or infinite values in layers.1"):
+        export(ckpt, tmp_path / "hf")
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "hf").exists()
+    folder = hf_folder(tmp_path / "nan_hf")
+    weights = load_file(f"{folder}/model.safetensors")
+    weights["model.norm.weight"][3] = float("inf")
+    save_file(weights, f"{folder}/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"--hf folder .*nan_hf holds NaN or infinite values "
+                       r"in model\.norm\.weight"):  # fmt: skip
+        eval_cli.main(["--hf", folder, *SUITE, "--out", str(tmp_path / "eval")])

@@ -73,6 +73,7 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
     from longctx.data.tokenizer import HFTokenizer
     from longctx.dtypes import dtype_named
     from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code
+    from longctx.train.init_from import check_finite_weights
 
     folder = Path(folder)
     if not (folder / "config.json").is_file():
@@ -96,6 +97,7 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
             "expected a *ForCausalLM folder"
         )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype_named(dtype), **LOCAL_ONLY)
+    check_finite_weights(model, f"--hf folder {folder}")  # never scored as a model
     tokenizer = HFTokenizer(folder)
     max_positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     return HFScorer(model).to(device).eval(), tokenizer, max_positions
