@@ -9,20 +9,26 @@ every number they print can be recomputed from committed files. The metrics log 
 run logs every step: ~6 MB at 50,000 steps).
 
 Archiving a run again replaces its archive in one rename; a DEST folder that is not an archived
-run is never replaced.
+run is never replaced. The copy is built in a fresh hidden folder beside DEST, and the archive it
+replaces is moved to another: both made here under unique names, so nothing beside DEST that
+this command did not make is ever removed (an interrupted archive leaves its hidden folder).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
+import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from longctx.cli import command
 from longctx.experiments.runs import CSV_LOG, RECORD_FILE, is_archived_run, require_runs
+from longctx.io import make_readable
 from longctx.runs.folder import CHECKPOINTS, LOCK_FILE, RUN_MARKER
 from longctx.runs.record import read_stored_run
 
@@ -38,10 +44,21 @@ def archive_run(run: Path, dest: Path) -> Path:
         raise FileExistsError(
             f"{dest} exists and is not an archived run ({RECORD_FILE}); not replacing it"
         )
-    staging, previous = dest.with_name(f".{dest.name}.new"), dest.with_name(f".{dest.name}.old")
-    for leftover in (staging, previous):  # an interrupted archive's
-        shutil.rmtree(leftover, ignore_errors=True)
-    shutil.copytree(run, staging, ignore=lambda folder, names: _not_archived(run, folder, names))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".new", dir=dest.parent))
+    try:
+        _fill(run, staging, stored)
+        _replace(dest, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # made above: ours to remove
+        raise
+    return dest
+
+
+def _fill(run: Path, staging: Path, stored) -> None:
+    """The archive's contents, copied into ``staging`` (a fresh folder of this command's)."""
+    shutil.copytree(run, staging, ignore=functools.partial(_not_archived, run), dirs_exist_ok=True)
+    make_readable(staging)  # mkdtemp made it 0700
     log = staging / CSV_LOG
     if log.is_file():
         with log.open("rb") as src, gzip.open(log.with_name(log.name + ".gz"), "wb") as out:
@@ -49,11 +66,25 @@ def archive_run(run: Path, dest: Path) -> Path:
         log.unlink()
     record = {"identity": stored.identity, "config": stored.config}
     (staging / RECORD_FILE).write_text(json.dumps(record, indent=1) + "\n")
-    if dest.exists():
+
+
+def _replace(dest: Path, staging: Path) -> None:
+    """``staging`` renamed to ``dest``; an earlier archive there first moved onto a fresh empty
+    folder of this command's (rename replaces an empty folder), then removed. A link at
+    ``dest`` is replaced (unlinked), its target untouched."""
+    if dest.is_symlink():
+        dest.unlink()
+    if not os.path.lexists(dest):
+        staging.rename(dest)
+        return
+    previous = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old", dir=dest.parent))
+    try:
         dest.rename(previous)
+    except BaseException:
+        previous.rmdir()  # still the empty folder made above
+        raise
     staging.rename(dest)
     shutil.rmtree(previous, ignore_errors=True)
-    return dest
 
 
 def _not_archived(run: Path, folder: str, names: list[str]) -> list[str]:

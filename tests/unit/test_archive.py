@@ -17,6 +17,7 @@ from longctx.experiments import analysis, ruler_report
 from longctx.experiments.archive import archive_run, archive_runs
 from longctx.experiments.archive import main as archive_main
 from longctx.experiments.runs import RECORD_FILE, find_runs, run_settings
+from longctx.io import folder_mode
 from longctx.runs.folder import LOCK_FILE, RUN_MARKER
 from longctx.runs.record import RecordError
 
@@ -134,3 +135,31 @@ def test_an_archived_record_is_data(sweep, tmp_path):
     (dest / RECORD_FILE).write_text(json.dumps({"identity": {}}))
     with pytest.raises(RecordError, match="holds no run config"):
         run_settings(dest)
+
+
+def test_archive_removes_nothing_beside_dest_that_it_did_not_make(sweep, tmp_path):
+    """It once deleted .DEST.old and .DEST.new beside DEST (a user's, or another archive's in
+    progress) as "an interrupted archive's"."""
+    run = sweep / "seed0" / "outputs" / "train" / "base"
+    dest = tmp_path / "a" / "base"
+    for name in (".base.old", ".base.new"):
+        (dest.parent / name).mkdir(parents=True)
+        (dest.parent / name / "keep.txt").write_text(name)
+    archive_run(run, dest)
+    archive_run(run, dest)  # replacing the archive: the earlier one is moved aside, removed
+    assert sorted(p.name for p in dest.parent.iterdir()) == [".base.new", ".base.old", "base"]
+    for name in (".base.old", ".base.new"):
+        assert (dest.parent / name / "keep.txt").read_text() == name
+    assert (dest / RECORD_FILE).is_file() and dest.stat().st_mode & 0o777 == folder_mode()
+
+
+def test_a_link_at_dest_is_replaced_and_its_target_untouched(sweep, tmp_path):
+    run = sweep / "seed0" / "outputs" / "train" / "base"
+    elsewhere = archive_run(run, tmp_path / "elsewhere")  # an archive: DEST may replace it
+    before = {p: p.read_bytes() for p in elsewhere.rglob("*") if p.is_file()}
+    dest = tmp_path / "a" / "base"
+    dest.parent.mkdir()
+    dest.symlink_to(elsewhere)
+    archive_run(run, dest)
+    assert not dest.is_symlink() and (dest / RECORD_FILE).is_file()
+    assert {p: p.read_bytes() for p in elsewhere.rglob("*") if p.is_file()} == before
