@@ -23,9 +23,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from longctx.batch import PackedBatch
-from longctx.data.config import DataConfig, Synthesized
-from longctx.data.corpus import EMBEDDED, shard_folder
+from longctx.data.config import DataConfig
 from longctx.data.packing import PackedRow, collate_rows, make_packer
+from longctx.data.run_tokenizer import data_folders
 from longctx.data.shards import Manifest, ShardSet, load_manifest
 from longctx.data.streams import (
     STATE_VERSION,
@@ -40,7 +40,7 @@ from longctx.data.streams import (
     slot_probabilities,
     upsampled_slots,
 )
-from longctx.data.tokenizer import check_named_tokenizer, packing_bos_id
+from longctx.data.tokenizer import data_tokenizer, load_tokenizer, packing_bos_id
 from longctx.distributed.context_parallel import data_parallel_rank_and_size
 
 
@@ -129,28 +129,17 @@ class LongCtxDataModule(L.LightningDataModule):
             logger.log_metrics({"data/long_token_share": after}, step=0)
 
     def folders(self) -> list[Path]:
-        """The prepared folders read: data.shards (the name ``embedded`` is the embedded corpus,
-        a Synthesized entry a synthesized mix), or the embedded corpus alone (both prepared on
-        first use)."""
+        """The prepared folders read (longctx.data.run_tokenizer.data_folders)."""
         if self._folders is None:
-            if self.config.shards is None:
-                self._folders = [self._folder(EMBEDDED)]
-            else:
-                if not self.config.shards:
-                    raise ValueError("DataConfig.shards=[]; expected prepared folders or None")
-                self._folders = [self._folder(entry) for entry in self.config.shards]
+            self._folders = data_folders(self.config)
         return self._folders
-
-    def _folder(self, entry: str | Synthesized) -> Path:
-        return shard_folder(entry, self.config.cache_dir, self.config.tokenizer)
 
     def _open(self) -> list[ShardSet]:
         if self._train is None:
             folders = self.folders()
             manifests = [load_manifest(f) for f in folders]
-            _check_same_tokenizer(folders, manifests)
-            check_named_tokenizer(self.config.tokenizer, folders[0], manifests[0].tokenizer)
-            bos_id = packing_bos_id(self.config.add_bos, manifests[0].tokenizer)
+            spec = data_tokenizer(self.config.tokenizer, folders, manifests)  # the run's
+            bos_id = packing_bos_id(self.config.add_bos, spec)
             self.config = dataclasses.replace(self.config, bos_id=bos_id)
             train = [ShardSet(f, "train") for f in folders]
             for folder, shard_set in zip(folders, train, strict=True):
@@ -160,6 +149,10 @@ class LongCtxDataModule(L.LightningDataModule):
                     )
             self._manifests, self._train = manifests, train
         return self._train
+
+    def tokenizer(self):
+        """The run's tokenizer: its data's (longctx.data.run_tokenizer)."""
+        return load_tokenizer(self.manifest.tokenizer)
 
     @property
     def manifest(self) -> Manifest:
@@ -442,21 +435,6 @@ def stage_starts_moved(saved: dict, starts: list[int]) -> str:
         f"({saved['stage_starts'][1:]}, here {starts[1:]}). Resume with ranks x accumulation = "
         f"{before} (e.g. the same trainer.devices and optim.accumulate_grad_batches)"
     )
-
-
-def _check_same_tokenizer(folders: list[Path], manifests: list[Manifest]) -> None:
-    first = manifests[0]
-    for folder, m in zip(folders[1:], manifests[1:], strict=True):
-        if (m.tokenizer, m.vocab_size, m.eos_id, m.pad_id) != (
-            first.tokenizer,
-            first.vocab_size,
-            first.eos_id,
-            first.pad_id,
-        ):
-            raise ValueError(
-                f"{folder} was prepared with tokenizer {m.tokenizer}, {folders[0]} "
-                f"with {first.tokenizer}; expected one tokenizer for all folders"
-            )
 
 
 def _warn_shared_streams(num_streams: int, ranks: int, workers: int) -> None:

@@ -11,11 +11,13 @@ import functools
 import hashlib
 import importlib.util
 import json
-import os
+import sys
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from longctx.io import atomic_write_bytes
 
 
 @runtime_checkable
@@ -263,26 +265,54 @@ def _llama3_tiktoken(model_file: str):
 
 @functools.lru_cache(maxsize=1)
 def _llama3_fast_tokenizer(model_file: str):
-    """The fast tokenizer, from the cached tokenizer.json or built (and cached) from the ranks."""
+    """The fast tokenizer, built from the ranks once per machine and cached. The cache is used
+    only while its content has the digest recorded beside it when it was built: a file edited
+    since (two ids swapped, say) or cut short is rebuilt, never exported."""
     import tokenizers
 
     cached = _llama3_cache_file(Path(model_file))
-    if cached.is_file():
-        tok = tokenizers.Tokenizer.from_file(str(cached))
-    else:
-        tok = build_llama3_tokenizer(Path(model_file))
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        temporary = cached.with_suffix(f".{os.getpid()}.tmp")
-        tok.save(str(temporary))
-        os.replace(temporary, cached)  # atomic: ranks building at once write the same file
+    text = _verified_cache(cached)
+    if text is None:
+        text = build_llama3_tokenizer(Path(model_file)).to_str()
+        atomic_write_bytes(cached, text.encode())  # atomic: ranks building at once write the
+        atomic_write_bytes(_digest_file(cached), _sha256_text(text).encode())  # same bytes
+    tok = tokenizers.Tokenizer.from_str(text)
     tok.encode_special_tokens = True  # not stored in tokenizer.json: set on each load
     return tok
+
+
+def _verified_cache(cached: Path) -> str | None:
+    """The cached tokenizer.json's text when its digest matches the recorded one, else None
+    (said when a cached file is there but differs)."""
+    if not cached.is_file():
+        return None
+    text = cached.read_text(encoding="utf-8", errors="replace")
+    digest = _digest_file(cached)
+    if digest.is_file() and digest.read_text().strip() == _sha256_text(text):
+        return text
+    print(
+        f"longctx: the cached tokenizer {cached} differs from what was built (or has no "
+        "digest); rebuilding it from the model file",
+        file=sys.stderr,
+        flush=True,
+    )
+    return None
+
+
+def _digest_file(cached: Path) -> Path:
+    return cached.with_name(cached.name + ".sha256")
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _llama3_cache_file(model_file: Path) -> Path:
     from longctx.data.corpus import cache_root
 
-    return cache_root() / "tokenizers" / f"llama3-{_file_sha256(model_file)[:16]}.json"
+    path = cache_root() / "tokenizers" / f"llama3-{_file_sha256(model_file)[:16]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def build_llama3_tokenizer(model_file: Path):
@@ -345,21 +375,64 @@ def load_tokenizer(spec: str | dict | Tokenizer) -> Tokenizer:
     raise TypeError(f"tokenizer {spec!r}; expected 'byte', 'llama3', a folder path, or a Tokenizer")
 
 
-def check_named_tokenizer(name: str | None, folder: Path, spec: dict) -> None:
-    """A prepared folder read under ``data.tokenizer=name`` was prepared with that tokenizer."""
+def data_tokenizer(name: str | None, folders: list[Path], manifests: list) -> dict:
+    """The tokenizer of a run: the spec its prepared folders' manifests state (they must all
+    state the same one). ``name`` (data.tokenizer), when set, must be that tokenizer: a run's
+    tokenizer is its data's, whatever a config says."""
+    first = manifests[0]
+    for folder, m in zip(folders[1:], manifests[1:], strict=True):
+        ids = (m.tokenizer, m.vocab_size, m.eos_id, m.pad_id)
+        if ids != (first.tokenizer, first.vocab_size, first.eos_id, first.pad_id):
+            raise ValueError(
+                f"{folder} was prepared with tokenizer {m.tokenizer}, {folders[0]} "
+                f"with {first.tokenizer}; expected one tokenizer for all folders"
+            )
+    check_named_tokenizer(name, folders[0], first.tokenizer)
+    return first.tokenizer
+
+
+def check_named_tokenizer(
+    name: str | Path | None, folder: Path, spec: dict, what: str = "data.tokenizer"
+) -> None:
+    """A prepared folder read under ``what=name`` was prepared with that tokenizer (a tokenizer
+    folder: one with the same files)."""
     if name is None:
         return
-    kind = spec.get("kind")
-    if name in TOKENIZER_NAMES:
-        same = kind == name
-    else:
-        same = kind == "hf" and Path(spec.get("path", "")) == Path(name).expanduser().resolve()
-    if not same:
+    if not same_tokenizer(name, spec):
+        kind = spec.get("kind")
         used = spec.get("path") if kind == "hf" else kind
         raise ValueError(
-            f"{folder} was prepared with tokenizer {used!r}, not data.tokenizer={name!r}; "
-            f"prepare it with --tokenizer {name}, or drop data.tokenizer"
+            f"{folder} was prepared with tokenizer {used!r}, not {what}={str(name)!r}; drop "
+            f"{what} (a run's tokenizer is its data's), or prepare the data with --tokenizer "
+            f"{name}"
         )
+
+
+def same_tokenizer(name: str | Path, spec: dict) -> bool:
+    """``name`` ('byte', 'llama3' or a folder) is the tokenizer of the manifest spec ``spec``."""
+    kind = spec.get("kind")
+    if str(name) in TOKENIZER_NAMES:
+        return kind == str(name)
+    folder = Path(name).expanduser().resolve()  # the same files, wherever they are now
+    return kind == "hf" and folder.is_dir() and _folder_sha256(folder) == spec.get("sha256")
+
+
+def tokenizer_source(spec: dict) -> str:
+    """What names the manifest spec's tokenizer to :func:`load_tokenizer` and an export: 'byte',
+    'llama3', or the tokenizer folder. Refused when the tokenizer there is no longer the one
+    the data was prepared with (its files' digest, or Llama 3's model file's, changed)."""
+    kind = spec.get("kind")
+    source = spec.get("path") if kind == "hf" else kind
+    recorded = spec.get("sha256")
+    if recorded is not None:
+        now = load_tokenizer(spec).spec.get("sha256")
+        if now != recorded:
+            raise ValueError(
+                f"the tokenizer {source!r} has changed since the data was prepared with it "
+                f"(sha256 {recorded[:16]}... then, {str(now)[:16]}... now); restore it, or "
+                "prepare the data again"
+            )
+    return source
 
 
 # the ids of each named tokenizer (what a model's vocabulary must hold)

@@ -105,10 +105,9 @@ class HeldOutAnswerLoss(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Build the documents before training: a row too short for them stops here."""
-        from longctx.data.tokenizer import load_tokenizer
 
         dm = trainer.datamodule
-        tokenizer = load_tokenizer(dm.manifest.tokenizer)
+        tokenizer = dm.tokenizer()
         text = "\n\n".join(tokenizer.decode(d[:-1]) for d in dm.val_documents(None))
         seq_len = dm.config.seq_len
         self._docs = answer_documents(tokenizer, text, self.documents, seq_len, self.seed,

@@ -111,10 +111,9 @@ class PositionLossCurves(L.Callback):
         self._log_wandb_probe(trainer, table)
 
     def run_probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[dict]:
-        from longctx.data import load_tokenizer
 
         dm = trainer.datamodule
-        tokenizer = load_tokenizer(dm.manifest.tokenizer)
+        tokenizer = dm.tokenizer()
         lengths = self._probe_lengths(dm.config.seq_len)
         probes = make_probes(tokenizer, lengths, self.probe_depths, self.probe_samples, self.seed)
         model = pl_module.model

@@ -197,7 +197,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longctx.data import LongCtxDataModule, load_tokenizer
+    from longctx.data import LongCtxDataModule
 
     if args.hf is not None:
         return run_hf(args)
@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> dict:
     model = load_model(stored, model_config, args.device)
     datamodule = LongCtxDataModule(data_config)
     if args.suite == "ruler":  # beside the in-loop callback's eval/ruler_*, not over them
-        tokenizer = load_tokenizer(datamodule.manifest.tokenizer)
+        tokenizer = datamodule.tokenizer()
         out = args.out or out / "ruler"
         return run_suite(model, tokenizer, settings, out, args.device, data_config.cache_dir)
     acc = position_loss(model, datamodule, args.device)
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> dict:
     write_rows(long["curve"], out / "long_documents.csv")
     write_rows(long["octaves"], out / "long_documents_by_octave.csv")  # per document: for CIs
     if not args.no_probe:
-        tokenizer = load_tokenizer(datamodule.manifest.tokenizer)
+        tokenizer = datamodule.tokenizer()
         lengths = args.probe_lengths or probe_lengths(data_config.seq_len, args.long_factor)
         probes = make_probes(tokenizer, lengths, args.probe_depths, args.probe_samples, args.seed)
         results = score_probes(model, probes, args.probe_batch_size, args.device)

@@ -9,8 +9,8 @@ config that trained those weights, validated as data). DIR gets
   ``max_position_embeddings`` by the rule of :mod:`longctx.hf.lengths`;
 - generation_config.json with the bos/eos/pad ids;
 - the weights as safetensors, sharded with a model.safetensors.index.json above --max-shard-size;
-- the tokenizer: the run's (data.tokenizer: the bytes or llama3), or --tokenizer TOK (llama3 or
-  the folder the run was prepared with),
+- the tokenizer: the run's, which is the tokenizer its data was prepared with (the manifests':
+  the bytes, llama3 or a tokenizer folder; --tokenizer TOK, if given, must be that one),
   encoding every string as prepare did (:mod:`longctx.hf.export_tokenizer`);
 - longctx_export.json: where it came from and the lengths.
 transformers 4.x and 5.x (AutoModelForCausalLM, AutoTokenizer, pipeline, generate), and through
@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from longctx.cli import bar, command
-from longctx.data.tokenizer import ByteTokenizer
+from longctx.data.run_tokenizer import run_tokenizer
+from longctx.data.tokenizer import (
+    TOKENIZER_NAMES,
+    ByteTokenizer,
+    check_named_tokenizer,
+    tokenizer_source,
+)
 from longctx.hf.export_tokenizer import write_tokenizer
 from longctx.hf.lengths import max_positions, trained_length
 from longctx.hf.run_model import EXPORT_RECORD, llama_config, read_model, weights_source
@@ -66,12 +72,12 @@ def export(
         raise FileExistsError(f"--out {out} exists and is not empty; expected a new folder")
     stored = read_stored_run(checkpoint)  # the record of the config that trained the weights
     config, data = llama_config(stored), stored.data_config()
-    tokenizer = tokenizer or getattr(data, "tokenizer", None)  # the run's data.tokenizer
+    tokenizer = run_tokenizer_source(data, tokenizer)
     weights_source(stored.checkpoint, config)  # shapes agree, before anything is allocated
-    if tokenizer in (None, "byte") and config.vocab_size < ByteTokenizer.vocab_size:
+    if tokenizer == "byte" and config.vocab_size < ByteTokenizer.vocab_size:
         raise ValueError(
             f"the byte tokenizer's {ByteTokenizer.vocab_size} ids do not fit the model's "
-            f"vocab_size={config.vocab_size}; pass --tokenizer with the run's tokenizer folder"
+            f"vocab_size={config.vocab_size}; export a checkpoint trained on byte-tokenized data"
         )
     trained = trained_length(data)
     length = max_positions(config, trained)
@@ -91,6 +97,27 @@ def export(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return Export(out, config, data, trained, length)
+
+
+def run_tokenizer_source(data, given: str | Path | None) -> str:
+    """The tokenizer the export carries: the run's, which is its data's
+    (longctx.data.run_tokenizer). ``given`` (--tokenizer) must be that one; it names the
+    tokenizer only where the run's data is not on this machine, or its tokenizer folder moved."""
+    try:
+        spec = run_tokenizer(data)
+    except FileNotFoundError as err:
+        if given is None:
+            raise FileNotFoundError(
+                f"the run's data, whose tokenizer the export carries, is not readable here "
+                f"({err}); make it readable, or pass --tokenizer with the tokenizer it was "
+                "prepared with"
+            ) from err
+        print(f"the run's data is not readable here ({err}); exporting with --tokenizer {given}")
+        return str(given)
+    check_named_tokenizer(given, "the run's data", spec, "--tokenizer")
+    if given is not None and str(given) not in TOKENIZER_NAMES:
+        return str(given)  # the data's tokenizer files (compared above), wherever they are now
+    return tokenizer_source(spec)
 
 
 def _write_model(model: Llama, folder: Path, max_shard_size: str, length: int, specials) -> None:
@@ -125,7 +152,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-shard-size", default="5GB", help="shard above this size (e.g. 5GB)")
     ap.add_argument(
         "--tokenizer",
-        help="llama3 or the run's HF tokenizer folder (default: data.tokenizer, else the bytes)",
+        help="the tokenizer the run's data was prepared with (default: its manifests'); needed only "
+        "where that data is not on this machine",
     )
     ap.add_argument(
         "--verify", action="store_true", help="then check it (python -m longctx.hf.verify)"

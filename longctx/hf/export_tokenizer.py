@@ -1,7 +1,6 @@
 """The tokenizer files of an export: longctx's byte tokenizer as a transformers fast tokenizer,
-Llama 3's (``--tokenizer llama3``, or a run trained with ``data.tokenizer=llama3``), or a user's
-own tokenizer folder, written so that transformers 4.x and 5.x encode every string exactly as
-``prepare`` did.
+Llama 3's, or a user's own tokenizer folder (whichever the run's data was prepared with),
+written so that transformers 4.x and 5.x encode every string exactly as ``prepare`` did.
 
 Two rules hold for both:
 - special tokens are reachable only by id: a literal ``<s>``, ``</s>`` or ``<pad>`` in a text
@@ -108,8 +107,8 @@ def write_llama3_tokenizer(folder: Path, model_max_length: int, vocab_size: int)
     tok = Llama3Tokenizer()
     if tok.vocab_size > vocab_size:
         raise ValueError(
-            f"--tokenizer llama3 has {tok.vocab_size:,} ids, more than the model's "
-            f"vocab_size={vocab_size}; export with the tokenizer the run was prepared with"
+            f"the tokenizer llama3 has {tok.vocab_size:,} ids, more than the model's "
+            f"vocab_size={vocab_size}; export a checkpoint trained on the data it prepared"
         )
     tokenizer_json = json.loads(tok.fast_tokenizer().to_str())
     tokenizer_json["post_processor"] = _without_adding(tokenizer_json.get("post_processor"))
@@ -129,8 +128,9 @@ def write_user_tokenizer(
     tok = HFTokenizer(source)  # prepare's own reading: its EOS and pad are the run's
     if tok.vocab_size > vocab_size:
         raise ValueError(
-            f"--tokenizer {source} has {tok.vocab_size} ids (added tokens included), more than "
-            f"the model's vocab_size={vocab_size}; pass the tokenizer the run was prepared with"
+            f"the tokenizer {source} has {tok.vocab_size} ids (added tokens included), more "
+            f"than the model's vocab_size={vocab_size}; export a checkpoint trained on the data "
+            "it prepared"
         )
     tokenizer_json = json.loads((tok.folder / TOKENIZER_FILE).read_text())
     tokenizer_json["post_processor"] = _without_adding(tokenizer_json.get("post_processor"))

@@ -7,16 +7,24 @@
    checkpoint, on the first held-out documents of the run's data (the val split of its first
    prepared folder), each alone with positions from 0, in fp32. Beyond ``tolerance`` x the
    largest |logit| it fails (exit 2) naming the max difference.
-2. Bits per byte on the same documents, three ways:
-   - lm-eval's ``loglikelihood_rolling`` through a local task written into DIR/lm_eval/ (when
-     lm-eval is installed: ``pip install 'longctx[eval]'``); it prefixes each document with the
-     tokenizer's BOS (EOS when there is none) and scores every token of the text, no EOS;
+2. Token ids: the export's tokenizer (transformers' AutoTokenizer) against the run's own (its
+   data's, longctx.data.run_tokenizer) on the same documents; any difference fails (exit 2),
+   naming the document and the first token that differs.
+3. Bits per byte on the same documents, three ways:
+   - lm-eval's ``loglikelihood_rolling`` through a local task that verify writes into a fresh
+     private temporary folder of its own (when lm-eval is installed: ``pip install
+     'longctx[eval]'``); it prefixes each document with the tokenizer's BOS (EOS when there is
+     none) and scores every token of the text, no EOS;
    - longctx's model under that same convention (so lm-eval's number can be checked);
    - longctx's own convention, as its validation scores a document: its first token is only
      context, and the EOS that ends it is scored.
    The gap between the last two is the BOS/EOS difference (docs/evaluate-and-serve.md).
 Documents are cut to fit one window of the export's max_position_embeddings, so lm-eval scores
 each in one piece, as longctx does.
+
+DIR is read, never executed or written: lm-eval reads every YAML of its include path and imports
+the Python a ``!function`` names, so its task never comes from DIR (a ``DIR/lm_eval`` an older
+export wrote, or one planted in a downloaded export, is ignored), and nothing is written there.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ import importlib.util
 import json
 import math
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +46,6 @@ from longctx.cli import command, interactive
 from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code
 
 TASK_NAME = "longctx_heldout"
-TASK_FOLDER = "lm_eval"
 
 
 class VerifyFailed(ValueError):
@@ -55,16 +64,15 @@ class HeldOut:
 def heldout_documents(data_config, count: int, max_tokens: int) -> HeldOut:
     """The first ``count`` documents of the val split of the run's first prepared folder (the
     embedded corpus when it has none), each cut to ``max_tokens`` and decoded to text."""
-    from longctx.data.corpus import EMBEDDED, shard_folder
+    from longctx.data.run_tokenizer import data_folders, run_tokenizer
     from longctx.data.shards import ShardSet
     from longctx.data.tokenizer import load_tokenizer
 
-    first = data_config.shards[0] if data_config.shards else EMBEDDED
-    folder = shard_folder(first, data_config.cache_dir, data_config.tokenizer)
+    folder = data_folders(data_config)[0]
     val = ShardSet(folder, "val")
     if val.num_documents == 0:
         raise ValueError(f"{folder} has no val documents to verify on; prepare it with a val split")
-    tokenizer = load_tokenizer(val.manifest.tokenizer)
+    tokenizer = load_tokenizer(run_tokenizer(data_config))  # the run's: its data's
     texts, ids = [], []
     for i in range(min(count, val.num_documents)):
         text = tokenizer.decode(val.document(i)[:-1][:max_tokens])
@@ -112,11 +120,12 @@ def bits_per_byte(model, held: HeldOut, prefix_id: int) -> tuple[float, float]:
     return rolling / math.log(2) / total_bytes, own / math.log(2) / total_bytes
 
 
-def write_lm_eval_task(folder: Path, texts: list[str]) -> Path:
-    """DIR/lm_eval/: the held-out documents (JSONL) and a loglikelihood_rolling task over them,
-    for ``lm_eval --include_path DIR/lm_eval --tasks longctx_heldout`` (nothing downloaded)."""
-    task_dir = folder / TASK_FOLDER
-    task_dir.mkdir(exist_ok=True)
+def write_lm_eval_task(texts: list[str]) -> Path:
+    """A fresh private folder (mkdtemp: 0700, a new name) with the held-out documents (JSONL) and
+    a loglikelihood_rolling task over them, for ``lm_eval --include_path FOLDER --tasks
+    longctx_heldout`` (nothing downloaded). Never the export's folder: lm-eval would read (and
+    import) whatever else lies there."""
+    task_dir = Path(tempfile.mkdtemp(prefix="longctx-verify-lm-eval-"))
     data = task_dir / "heldout.jsonl"
     data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
     yaml = "\n".join(
@@ -125,7 +134,7 @@ def write_lm_eval_task(folder: Path, texts: list[str]) -> Path:
             "dataset_path: json",
             "dataset_kwargs:",
             "  data_files:",
-            f"    test: {json.dumps(str(data.resolve()))}",
+            f"    test: {json.dumps(str(data))}",
             "test_split: test",
             "output_type: loglikelihood_rolling",
             'doc_to_text: ""',
@@ -151,10 +160,10 @@ def _metric(name: str, aggregation: str) -> list[str]:
     ]
 
 
-def lm_eval_command(folder: Path) -> str:
+def lm_eval_command(folder: Path, task_dir: Path) -> str:
     return (
         f"lm_eval --model hf --model_args pretrained={folder},dtype=float32 --device cpu "
-        f"--tasks {TASK_NAME} --include_path {folder / TASK_FOLDER} --batch_size 1"
+        f"--tasks {TASK_NAME} --include_path {task_dir} --batch_size 1"
     )
 
 
@@ -223,24 +232,47 @@ def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> 
             "not compute the trained model"
         )
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **LOCAL_ONLY)
+    check_same_ids(tokenizer, held)
     prefix = (
         tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     )
     rolling, own = bits_per_byte(ours, held, prefix)
-    task_dir = write_lm_eval_task(folder, held.texts)
-    lm = run_lm_eval(folder, task_dir) if lm_eval_installed() else None
-    _print_bits(lm, rolling, own, folder)
+    task_dir = write_lm_eval_task(held.texts)
+    lm = None
+    if lm_eval_installed():
+        try:
+            lm = run_lm_eval(folder, task_dir)
+        finally:
+            shutil.rmtree(task_dir, ignore_errors=True)
+    _print_bits(lm, rolling, own, folder, task_dir)
     return Verified(diff, scale, len(held.ids), rolling, own, lm)
 
 
-def _print_bits(lm: float | None, rolling: float, own: float, folder: Path) -> None:
+def check_same_ids(tokenizer, held: HeldOut) -> None:
+    """The export's tokenizer gives the run's ids on every held-out document (as a user calls
+    it: nothing added around the text), or VerifyFailed naming the first difference."""
+    for i, (text, ids) in enumerate(zip(held.texts, held.ids, strict=True)):
+        theirs, ours = list(tokenizer(text)["input_ids"]), ids.tolist()
+        if theirs != ours:
+            at = next(k for k in range(len(ours) + 1) if theirs[k : k + 1] != ours[k : k + 1])
+            raise VerifyFailed(
+                f"the export's tokenizer encodes held-out document {i} differently from the "
+                f"run's ({len(theirs)} ids against {len(ours)}; first difference at token {at}: "
+                f"{theirs[at : at + 3]} against {ours[at : at + 3]}); the export does not carry the "
+                "tokenizer the model was trained with"
+            )
+    print(f"tokenizer: the export's ids equal the run's on {len(held.ids)} held-out documents")
+
+
+def _print_bits(lm: float | None, rolling: float, own: float, folder: Path, task: Path) -> None:
     if lm is None:
-        print("lm-eval: not installed (pip install 'longctx[eval]'); its task is written:")
+        print(f"lm-eval: not installed (pip install 'longctx[eval]'); its task is in {task}")
     else:
         print(f"bits per byte: lm-eval {lm:.4f}")
     print(f"bits per byte: longctx, lm-eval's convention (BOS prefix, no EOS) {rolling:.4f}")
     print(f"bits per byte: longctx's own (first token context, EOS scored) {own:.4f}")
-    print(f"next: {lm_eval_command(folder)}")
+    if lm is None:
+        print(f"next: {lm_eval_command(folder, task)}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

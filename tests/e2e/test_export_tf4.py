@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from export_helpers import longctx_model, make_run, make_user_tokenizer, model_overrides
+from export_helpers import (
+    longctx_model,
+    make_run,
+    make_user_run,
+    make_user_tokenizer,
+    model_overrides,
+)
 from helpers import ROOT, SCRIPTS
 
 from longctx.batch import PackedBatch
@@ -56,8 +62,8 @@ def test_exports_open_in_transformers_4(tmp_path):
     byte_out = export(byte_run, tmp_path / "byte-hf", max_shard_size="40KB").folder
     source = make_user_tokenizer(tmp_path / "tok")
     llama3 = "{type: llama3, factor: 8, original_max_position: 16}"
-    user_run = make_run(tmp_path / "user", model_overrides(llama3))
-    user_out = export(user_run, tmp_path / "user-hf", tokenizer=source).folder
+    user_run = make_user_run(tmp_path / "user", source, model_overrides(llama3))
+    user_out = export(user_run, tmp_path / "user-hf").folder  # the data's tokenizer
     cases = [
         case("byte", byte_run, byte_out, ByteTokenizer(), tmp_path),
         case("user", user_run, user_out, HFTokenizer(source), tmp_path),

@@ -96,3 +96,16 @@ def make_user_tokenizer(folder: Path, vocab_size: int = 280) -> Path:
     config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
+
+
+def make_user_run(root: Path, source: Path, overrides: list[str] | None = None) -> Path:
+    """A run (see :func:`make_run`) whose data was prepared with the user's tokenizer folder
+    ``source``: the export carries the data's tokenizer."""
+    from longctx.data.prepare import prepare
+
+    root.mkdir(parents=True, exist_ok=True)
+    jsonl = root / "text.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in TRAINING_TEXT))
+    data = root / "user-data"
+    prepare([jsonl], data, source, workers=1, val_fraction=0.1, progress=False)
+    return make_run(root, [*(overrides or model_overrides()), f"data.shards=[{data}]"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from export_helpers import make_run, make_user_tokenizer, model_overrides
+from export_helpers import make_user_run, make_user_tokenizer, model_overrides
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -104,8 +104,8 @@ def test_prepare_with_the_export_writes_the_byte_shards(tmp_path, byte_export):
 def user_export(tmp_path_factory):
     root = tmp_path_factory.mktemp("user")
     source = make_user_tokenizer(root / "tok")
-    run = make_run(root, model_overrides(vocab_size=300))
-    return source, export(run, root / "hf", tokenizer=source).folder
+    run = make_user_run(root, source, model_overrides(vocab_size=300))
+    return source, export(run, root / "hf").folder  # the data's tokenizer: the user's
 
 
 @settings(max_examples=100, deadline=None)
@@ -145,12 +145,12 @@ def test_a_user_tokenizer_export_generates_and_states_its_ids(user_export):
 
 def test_a_user_tokenizer_larger_than_the_model_is_refused(tmp_path, capsys):
     source = make_user_tokenizer(tmp_path / "tok", vocab_size=400)
-    run = make_run(tmp_path, model_overrides(vocab_size=300))
+    run = make_user_run(tmp_path, source, model_overrides(vocab_size=300))
     with pytest.raises(SystemExit) as exit_info:
-        cli([str(run), "--out", str(tmp_path / "hf"), "--tokenizer", str(source)])
+        cli([str(run), "--out", str(tmp_path / "hf")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     size = HFTokenizer(source).vocab_size
-    assert err.startswith("error: --tokenizer ") and f"has {size} ids" in err
+    assert err.startswith(f"error: the tokenizer {source} ") and f"has {size} ids" in err
     assert "vocab_size=300" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "hf").exists()

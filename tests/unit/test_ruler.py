@@ -317,7 +317,7 @@ def test_the_callback_refuses_bad_settings_before_training():
 
     datamodule = SimpleNamespace(
         config=DataConfig(seq_len=1024, cache_dir=str(CACHE_DIR)),
-        manifest=SimpleNamespace(tokenizer={"kind": "byte", "vocab_size": 259}),
+        tokenizer=ByteTokenizer,  # the run's tokenizer (LongCtxDataModule.tokenizer)
     )
     trainer = SimpleNamespace(datamodule=datamodule)
     module = SimpleNamespace(model_config=SimpleNamespace(max_seq_len=2048))

@@ -40,6 +40,7 @@ from longctx.eval.files import append_rows, write_json
 from longctx.eval.long_documents import check_eval_length, check_factor, multiples
 from longctx.eval.ruler.generate import plan_instances
 from longctx.eval.ruler.scoring import TEACHER_FORCED, check_mode, score_instances, summarize
+from longctx.model.validation import require_positive_int
 
 TABLE_KEY = "val/ruler_table"
 TABLE_COLUMNS = ["step", "task", "length", "depth", "n", "score", "ci_low", "ci_high"]
@@ -70,8 +71,10 @@ class RulerEval(L.Callback):
         they are skipped and said, as a length too short for a task is."""
         check_factor(factor)
         self.scoring = check_mode(scoring)
-        if every_n_validations < 1:
-            raise ValueError(f"every_n_validations={every_n_validations}; expected >= 1")
+        # counts: checked here, before training (a bad one once failed at the first validation)
+        for name, count in (("batch_size", batch_size), ("samples", samples),
+                            ("every_n_validations", every_n_validations)):  # fmt: skip
+            require_positive_int(name, count)
         self.tasks, self.lengths, self.factor = tasks, lengths, factor
         self.depths, self.samples, self.seed = list(depths), samples, seed
         self.haystack, self.batch_size = haystack, batch_size
@@ -83,13 +86,12 @@ class RulerEval(L.Callback):
         self._validations = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from longctx.data import load_tokenizer
 
         dm = trainer.datamodule
         lengths = list(self.lengths or default_lengths(dm.config.seq_len, self.factor))
         for n in lengths:
             check_eval_length(n, pl_module.model_config.max_seq_len, "RulerEval length")
-        self.tokenizer = load_tokenizer(dm.manifest.tokenizer)
+        self.tokenizer = dm.tokenizer()
         self.anchor = dm.config.seq_len if dm.config.seq_len in lengths else None
         plan = plan_instances(
             self.tokenizer, self.tasks, lengths, self.depths, self.samples, self.seed,
