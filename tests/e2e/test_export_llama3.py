@@ -15,9 +15,10 @@ import pytest
 import torch
 import transformers
 from export_helpers import longctx_model, make_run, model_overrides
-from helpers import ROOT, SCRIPTS
+from helpers import CACHE_DIR, ROOT, SCRIPTS
 
 from longctx.batch import PackedBatch
+from longctx.data.corpus import default_corpus_dir
 from longctx.data.tokenizer import Llama3Tokenizer
 from longctx.hf.export import export
 from longctx.hf.verify import verify
@@ -33,6 +34,22 @@ def llama3_export(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("llama3")
     run = make_run(root, [*model_overrides(None, vocab_size=128256), "data.tokenizer=llama3"])
     return run, export(run, root / "hf").folder  # no --tokenizer: the run's data.tokenizer
+
+
+def test_a_run_on_llama3_prepared_shards_exports_llama3s_tokenizer(tmp_path):
+    """data=shards on a folder prepared with --tokenizer llama3, data.tokenizer unset: the export
+    once carried the 259-id byte tokenizer (the run's tokenizer was read from data.tokenizer,
+    not from the manifest)."""
+    shards = default_corpus_dir(CACHE_DIR, tokenizer="llama3")  # prepared with --tokenizer llama3
+    overrides = [
+        *model_overrides(None, vocab_size=128256),
+        "data=shards",
+        f"data.shards=[{shards}]",
+    ]
+    folder = export(make_run(tmp_path, overrides), tmp_path / "hf").folder
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    assert len(tokenizer) == 128256 and tokenizer.eos_token == "<|end_of_text|>"
+    assert tokenizer(TEXTS[0])["input_ids"] == reference_ids(TEXTS[0])
 
 
 def reference_ids(text: str) -> list[int]:
