@@ -111,6 +111,12 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     @property
+    def id_bound(self) -> int:
+        """One past the highest id this tokenizer can produce (ids may be sparse, above
+        vocab_size): the embedding rows a model needs for it."""
+        return max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
+    @property
     def spec(self) -> dict[str, Any]:
         return {
             "kind": "hf",
@@ -423,6 +429,11 @@ def tokenizer_source(spec: dict) -> str:
     the data was prepared with (its files' digest, or Llama 3's model file's, changed)."""
     kind = spec.get("kind")
     source = spec.get("path") if kind == "hf" else kind
+    if kind == "hf" and not Path(str(source)).is_dir():
+        raise FileNotFoundError(
+            f"the data was prepared with the tokenizer folder {source}, which is gone; restore "
+            "it (an export also takes a copy of it as --tokenizer)"
+        )
     recorded = spec.get("sha256")
     if recorded is not None:
         now = load_tokenizer(spec).spec.get("sha256")
@@ -465,7 +476,13 @@ def _load_fast_tokenizer(folder: Path):
             f"tokenizer folder {folder} has no tokenizer.json; expected a Hugging Face fast "
             "tokenizer saved with save_pretrained() or tokenizers.Tokenizer.save()"
         )
-    return tokenizers.Tokenizer.from_file(str(path))
+    try:
+        return tokenizers.Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise ValueError(
+            f"{path} cannot be read as a tokenizers tokenizer.json ({' '.join(str(err).split())}); "
+            "expected a Hugging Face fast tokenizer saved with save_pretrained()"
+        ) from None
 
 
 def _read_tokenizer_config(folder: Path) -> dict:

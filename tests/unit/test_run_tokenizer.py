@@ -104,3 +104,13 @@ def test_data_not_on_this_machine_needs_tokenizer_and_says_it_is_used(tmp_path, 
     assert "the run's data, whose tokenizer the export carries, is not readable here" in err
     assert export(run, tmp_path / "hf", tokenizer=source).folder.is_dir()
     assert f"exporting with --tokenizer {source}" in capsys.readouterr().out
+
+
+def test_a_tokenizer_folder_gone_since_prepare_is_named_and_a_copy_exports(tmp_path):
+    source = make_user_tokenizer(tmp_path / "tok")
+    run = make_user_run(tmp_path, source, model_overrides(vocab_size=300))
+    copy = shutil.copytree(source, tmp_path / "copy")
+    shutil.rmtree(source)
+    with pytest.raises(FileNotFoundError, match=r"tokenizer folder .*tok, which is gone"):
+        export(run, tmp_path / "hf")
+    assert export(run, tmp_path / "hf", tokenizer=copy).folder.is_dir()
