@@ -121,7 +121,8 @@ def test_verify_never_runs_code_from_the_folder_nor_writes_through_it(tmp_path):
     out = export(make_run(tmp_path), tmp_path / "hf").folder
     planted, outside, marker = out / "lm_eval", tmp_path / "outside.txt", tmp_path / "ran"
     planted.mkdir()
-    (planted / "zz_planted.yaml").write_text(PLANTED_TASK)
+    # sorted before verify's own YAML: against the old include path, lm-eval loaded this one
+    (planted / "aa_planted.yaml").write_text(PLANTED_TASK)
     (planted / "planted.py").write_text(PLANTED_CODE.format(marker=str(marker)))
     outside.write_text("the user's file\n")
     (planted / "heldout.jsonl").symlink_to(outside)
