@@ -26,13 +26,19 @@ def exported(tmp_path_factory):
     return export(make_run(root), root / "hf").folder
 
 
-def test_verify_compares_logits_on_held_out_documents(exported, capsys):
+def test_verify_compares_logits_on_held_out_documents(exported, capsys, monkeypatch):
+    monkeypatch.setattr("longctx.hf.verify.lm_eval_installed", lambda: False)
     result = verify(exported, documents=3)
     assert result.documents == 3 and result.max_diff <= 1e-5 * result.max_logit
     out = capsys.readouterr().out
     assert "logits on 3 held-out documents: max |diff|" in out
     assert "tokenizer: the export's ids equal the run's on 3 held-out documents" in out
     assert not (exported / "lm_eval").exists()  # nothing written into the folder verified
+    # without lm-eval, its task is kept where verify wrote it, outside the export, and named
+    task_dir = Path(out.split("its task is in ")[1].split()[0])
+    assert f"--tasks {TASK_NAME} --include_path {task_dir} " in out
+    assert (task_dir / f"{TASK_NAME}.yaml").is_file() and not task_dir.is_relative_to(exported)
+    shutil.rmtree(task_dir)
     # longctx's two conventions differ only in the first byte and the EOS, a few bits a document
     assert (
         0 < result.bpb_longctx_own < 12
