@@ -203,6 +203,7 @@ def run(args: argparse.Namespace) -> dict:
         return run_hf(args)
     stored = read_stored_run(args.checkpoint)  # names the file when missing or unreadable
     model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
+    check_backend(model_config.attn_backend, args.device)
     out = args.out or _default_out(args.checkpoint.resolve())
     if args.suite == "ruler":
         check_factor(args.long_factor)
@@ -253,6 +254,20 @@ def run(args: argparse.Namespace) -> dict:
     return summary
 
 
+def check_backend(name: str, device: str) -> None:
+    """The attention backend (--backend, or the run's) runs on --device: one line before
+    anything is loaded, not a RuntimeError at the first forward."""
+    from longctx.model.attention import resolve_backend
+
+    try:
+        resolve_backend(name, device)
+    except RuntimeError as err:
+        raise ValueError(
+            f"attention backend {name!r} (--backend, or the run's model.attn_backend) cannot run "
+            f"on --device {device}: {err}"
+        ) from None
+
+
 def _default_out(checkpoint: Path) -> Path:
     """<run>/eval for a checkpoint in a run folder; beside the checkpoint otherwise."""
     run = run_folder_of(checkpoint)
@@ -287,6 +302,11 @@ def run_hf(args: argparse.Namespace) -> dict:
         raise RulerInputError(
             f"--hf scores the effective-length suite only (--suite {args.suite}); pass "
             "--suite ruler"
+        )
+    if args.backend is not None:
+        raise RulerInputError(
+            f"--backend {args.backend} chooses longctx's attention for a CHECKPOINT; --hf scores "
+            "with transformers' own attention: drop --backend"
         )
     settings = suite_settings(args, args.lengths or HF_DEFAULT_LENGTHS)
     settings.check(None, "--lengths")

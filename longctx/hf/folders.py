@@ -59,7 +59,7 @@ def read_config_json(folder: Path, name: str = CONFIG_FILE) -> dict:
     path = folder / name
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:  # nested too deep
         raise ValueError(f"{path} cannot be read as JSON ({err}); expected a transformers "
                          f"{name}") from None  # fmt: skip
     if not isinstance(data, dict):

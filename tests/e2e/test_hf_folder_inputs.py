@@ -69,9 +69,9 @@ def test_a_nan_weight_is_refused_by_eval_and_export(tmp_path):
     scored or exported it with exit 0. All use init_from's one check now."""
     import torch
     from export_helpers import make_run
+    from safetensors.torch import load_file, save_file
 
     from longctx.hf.export import export
-    from safetensors.torch import load_file, save_file
 
     run = make_run(tmp_path / "nan")
     ckpt = run / "checkpoints" / "last.ckpt"
@@ -93,3 +93,75 @@ def test_a_nan_weight_is_refused_by_eval_and_export(tmp_path):
     with pytest.raises(ValueError, match=r"--hf folder .*nan_hf holds NaN or infinite values "
                        r"in model\.norm\.weight"):  # fmt: skip
         eval_cli.main(["--hf", folder, *SUITE, "--out", str(tmp_path / "eval")])
+
+
+# --------------------------------------------------------------------------- one line, no traceback
+def _break_tokenizer(folder):
+    (folder / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+
+
+def _truncate_weights(folder):
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def _sparse_tokenizer_id(folder):
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"]["zz"] = 5000  # an id past the model's 300 rows
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+
+def _drop_a_weight(folder):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    weights.pop("model.layers.1.mlp.down_proj.weight")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _deep_config(folder):
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize(
+    "damage, sizes, message",
+    [
+        (_break_tokenizer, {}, r"tokenizer\.json cannot be read as a tokenizers tokenizer\.json"),
+        (_truncate_weights, {}, "its weights cannot be read .SafetensorError"),
+        (None, {"vocab_size": 100}, "tokenizer has ids up to 258, but config.json's vocab_size "
+                                    "is 100"),
+        (_sparse_tokenizer_id, {}, "tokenizer has ids up to 5000, but config.json's vocab_size"),
+        (_drop_a_weight, {}, r"lack or misshape 1 .* \(model\.layers\.1\.mlp\.down_proj\.weight\)"),
+        (_deep_config, {}, r"config\.json cannot be read as JSON \(maximum recursion"),
+    ],
+    ids=["tokenizer", "truncated", "vocab100", "sparse_id", "missing_weight", "deep_json"],
+)  # fmt: skip
+def test_a_broken_hf_folder_is_one_line(tmp_path, capsys, damage, sizes, message):
+    from pathlib import Path
+
+    folder = Path(hf_folder(tmp_path / "f", **sizes))
+    if damage:
+        damage(folder)
+    with pytest.raises(SystemExit) as exit_:
+        eval_cli.cli(["--hf", str(folder), *SUITE, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and err.startswith("error: "), err
+    import re
+
+    assert re.search(message, err), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_attention_backend_the_device_lacks_is_one_line(tmp_path, plain):
+    """--backend flash on a CPU: refused before the model loads (was a RuntimeError at the first
+    forward); with --hf, --backend is refused (transformers' own attention scores it)."""
+    from export_helpers import make_run
+
+    ckpt = make_run(tmp_path / "run") / "checkpoints" / "last.ckpt"
+    for mode in (["--no-probe"], SUITE):
+        with pytest.raises(ValueError, match="attention backend 'flash' .* cannot run on "
+                           "--device cpu") as err:  # fmt: skip
+            eval_cli.main([str(ckpt), "--backend", "flash", *mode])
+        one_line(err)
+    with pytest.raises(ValueError, match="--backend flash chooses longctx's attention"):
+        eval_cli.main(["--hf", plain, "--backend", "flash", *SUITE])

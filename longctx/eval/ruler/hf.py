@@ -10,7 +10,6 @@ soft-cap, being monotone, cannot change it), and generation is transformers' own
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -66,13 +65,15 @@ def _check_one_document(batch: PackedBatch) -> None:
 
 
 def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float32"):
-    """(HFScorer, tokenizer, max positions or None) of a local transformers folder."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """(HFScorer, tokenizer, max positions or None) of a local transformers folder; a folder
+    that cannot be scored as it stands (no config, code of its own, an unknown architecture, a
+    tokenizer whose ids the model has no embedding for, weights unreadable, missing or not
+    finite) is one line naming it."""
+    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     from longctx.data.tokenizer import HFTokenizer
-    from longctx.dtypes import dtype_named
-    from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code
+    from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code, read_config_json
     from longctx.train.init_from import check_finite_weights
 
     folder = Path(folder)
@@ -82,7 +83,7 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
             "(save_pretrained, or python -m longctx.hf.export)"
         )
     check_no_remote_code(folder)  # before transformers reads anything of it
-    raw = json.loads((folder / "config.json").read_text())
+    raw = read_config_json(folder)
     name = f"{', '.join(raw.get('architectures') or ['?'])} (model_type={raw.get('model_type')!r})"
     try:
         config = AutoConfig.from_pretrained(folder, **LOCAL_ONLY)
@@ -96,11 +97,59 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
             f"--hf architecture cannot be scored ({name}): transformers has no causal LM for it; "
             "expected a *ForCausalLM folder"
         )
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype_named(dtype), **LOCAL_ONLY)
+    tokenizer = HFTokenizer(folder)  # before the weights: its ids must fit the vocabulary
+    check_vocabulary(tokenizer, config.get_text_config(), folder)
+    model = read_weights(folder, dtype)
     check_finite_weights(model, f"--hf folder {folder}")  # never scored as a model
-    tokenizer = HFTokenizer(folder)
     max_positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     return HFScorer(model).to(device).eval(), tokenizer, max_positions
+
+
+def check_vocabulary(tokenizer, config, folder: Path) -> None:
+    """Every id the tokenizer can produce has a row in the model's embedding (an id past it is
+    an IndexError in the middle of scoring)."""
+    vocab_size = getattr(config, "vocab_size", None)
+    if isinstance(vocab_size, int) and tokenizer.id_bound > vocab_size:
+        raise RulerInputError(
+            f"--hf folder {folder}: its tokenizer has ids up to {tokenizer.id_bound - 1}, but "
+            f"config.json's vocab_size is {vocab_size}; expected a tokenizer and model saved "
+            "together"
+        )
+
+
+def read_weights(folder: Path, dtype: str):
+    """The folder's causal LM with all of its weights from its files: an unreadable file, or a
+    weight missing or of another shape (which transformers fills with random values), refused."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    from longctx.dtypes import dtype_named
+    from longctx.hf.folders import LOCAL_ONLY
+
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder,
+            dtype=dtype_named(dtype),
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,  # named below, not a report and a bare RuntimeError
+            **LOCAL_ONLY,
+        )
+    except (SafetensorError, OSError, RuntimeError) as err:
+        detail = " ".join(str(err).split())[:300]
+        raise RulerInputError(
+            f"--hf folder {folder}: its weights cannot be read ({type(err).__name__}: {detail}); "
+            "expected complete weight files as save_pretrained writes them"
+        ) from None
+    absent = sorted(info.get("missing_keys") or []) + sorted(
+        str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or []
+    )
+    if absent:
+        raise RulerInputError(
+            f"--hf folder {folder}: its weight files lack or misshape {len(absent)} of the "
+            f"model's tensors ({', '.join(absent[:3])}); expected every weight, at config.json's "
+            "shapes (transformers would fill them with random values)"
+        )
+    return model
 
 
 @torch.no_grad()
