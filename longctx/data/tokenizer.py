@@ -434,15 +434,14 @@ def tokenizer_source(spec: dict) -> str:
             f"the data was prepared with the tokenizer folder {source}, which is gone; restore "
             "it (an export also takes a copy of it as --tokenizer)"
         )
+    now = load_tokenizer(spec).spec.get("sha256")  # an unknown kind is refused here
     recorded = spec.get("sha256")
-    if recorded is not None:
-        now = load_tokenizer(spec).spec.get("sha256")
-        if now != recorded:
-            raise ValueError(
-                f"the tokenizer {source!r} has changed since the data was prepared with it "
-                f"(sha256 {recorded[:16]}... then, {str(now)[:16]}... now); restore it, or "
-                "prepare the data again"
-            )
+    if recorded is not None and now != recorded:
+        raise ValueError(
+            f"the tokenizer {source!r} has changed since the data was prepared with it "
+            f"(sha256 {str(recorded)[:16]}... then, {str(now)[:16]}... now); restore it, or "
+            "prepare the data again"
+        )
     return source
 
 

@@ -14,7 +14,7 @@ from helpers import CACHE_DIR
 from longctx.data.config import DataConfig
 from longctx.data.corpus import default_corpus_dir
 from longctx.data.run_tokenizer import run_tokenizer
-from longctx.data.tokenizer import HFTokenizer
+from longctx.data.tokenizer import HFTokenizer, tokenizer_source
 from longctx.hf.export import cli, export
 
 BYTE_SPEC = {"kind": "byte", "vocab_size": 259}
@@ -114,3 +114,18 @@ def test_a_tokenizer_folder_gone_since_prepare_is_named_and_a_copy_exports(tmp_p
     with pytest.raises(FileNotFoundError, match=r"tokenizer folder .*tok, which is gone"):
         export(run, tmp_path / "hf")
     assert export(run, tmp_path / "hf", tokenizer=copy).folder.is_dir()
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"kind": "evil"}, "has unknown kind"),
+        ({"kind": "hf"}, "which is gone"),
+        ({"kind": "hf", "path": 5}, "which is gone"),
+        ({"kind": "byte", "sha256": 5}, "has changed since the data was prepared"),
+    ],
+)
+def test_a_hand_edited_manifest_spec_is_refused_in_one_line(spec, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message) as err:
+        tokenizer_source(spec)
+    assert len(str(err.value).splitlines()) == 1
