@@ -55,11 +55,28 @@ def load_qa_folder(folder: str | Path) -> dict[str, QAData]:
     return {name: _read(name, path) for name, path in found.items()}
 
 
+class _BadAnswer(ValueError):
+    """A reference answer that is not non-empty text."""
+
+
+def _answer(value, question_id) -> str:
+    """A reference answer as text: null, non-text, empty or whitespace-only refused (an empty
+    reference is contained in every prediction, so it scored 100%; null became "None")."""
+    if not isinstance(value, str) or not value.strip():
+        raise _BadAnswer(f"question {question_id!r} has the answer {value!r}")
+    return value
+
+
 def _read(name: str, path: Path) -> QAData:
     try:
         raw = json.loads(path.read_text("utf-8"))
         data = _squad(raw) if name == "squad" else _hotpotqa(raw)
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
+    except _BadAnswer as err:
+        raise TaskInputError(
+            f"--qa-data {path}: {err}; expected every answer to be non-empty text (an empty one "
+            "is contained in every prediction and would score 100%)"
+        ) from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         form = "SQuAD 2.0" if name == "squad" else "HotpotQA"
         raise TaskInputError(
             f"--qa-data {path} is not in {form}'s JSON form ({type(err).__name__}: {err}); "
@@ -81,7 +98,8 @@ def _squad(raw: dict) -> QAData:
             own = index[p["context"]]
             for q in p["qas"]:
                 if not q["is_impossible"]:
-                    outputs = tuple(str(a["text"]) for a in q["answers"])
+                    qid = q.get("id", q["question"])
+                    outputs = tuple(_answer(a["text"], qid) for a in q["answers"])
                     if not outputs:
                         raise ValueError(f"question {q['question']!r} has no answer")
                     more = tuple(i for i in same if i != own)
@@ -98,9 +116,9 @@ def _hotpotqa(raw: list) -> QAData:
     questions = tuple(
         Question(
             str(item["question"]),
-            (str(item["answer"]),),
+            (_answer(item["answer"], item.get("_id", n)),),
             tuple(index[text(t, s)] for t, s in item["context"]),
         )  # fmt: skip
-        for item in raw
+        for n, item in enumerate(raw)
     )
     return QAData("hotpotqa", questions, tuple(documents))

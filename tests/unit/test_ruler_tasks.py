@@ -361,6 +361,38 @@ def test_a_qa_folder_in_the_wrong_form_is_one_line(tmp_path):
         load_qa_folder(tmp_path)
 
 
+@pytest.mark.parametrize("answer", ["", "   \n", None, 7])
+def test_a_qa_answer_that_is_not_text_is_refused_naming_the_question(tmp_path, answer):
+    """An empty reference is contained in every prediction (qa_1 scored 1.00 for a 2-step
+    model), and a null one became the reference "None": refused, naming the question id."""
+    import shutil
+
+    for name in ("squad.json", "hotpotqa.json"):
+        folder = tmp_path / name.split(".")[0]
+        folder.mkdir()
+        raw = json.loads((QA / name).read_text())
+        if name == "squad.json":
+            question = raw["data"][0]["paragraphs"][0]["qas"][0]
+            question["answers"][1]["text"] = answer
+        else:
+            question = raw[0]
+            question["answer"] = answer
+        (folder / name).write_text(json.dumps(raw))
+        qid = question.get("id", question.get("_id"))
+        said = re.escape(f"question '{qid}' has the answer {answer!r}; expected every answer")
+        with pytest.raises(RulerInputError, match=said) as e:
+            load_qa_folder(folder)
+        assert "\n" not in str(e.value) and str(folder / name) in str(e.value)
+        shutil.copy(QA / name, folder / name)
+        load_qa_folder(folder)
+
+
+def test_a_qa_file_nested_too_deep_is_one_line(tmp_path):
+    (tmp_path / "squad.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(RulerInputError, match=r"not in SQuAD 2.0's JSON form \(RecursionError"):
+        load_qa_folder(tmp_path)
+
+
 # ------------------------------------------------------------------- skips and refusals
 def test_a_length_too_short_is_skipped_and_said():
     plan = plan_instances(BYTE, None, [512, 2048], [0.5], 1, haystack="noise")
