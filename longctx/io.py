@@ -1,12 +1,17 @@
 """Atomic writes: a file appears whole or not at all, so a crash mid-write never leaves one
-that a reader (a resume, a shard reader) would trust. And the modes of what longctx writes
+that a reader (a resume, a shard reader) would trust. Every file longctx writes into a folder is
+created fresh (a temp name, then a rename over the destination): an existing path is never opened
+for writing, so a symbolic link or a second hard link placed there (in a run folder someone
+handed over, say) is replaced, never written through. And the modes of what longctx writes
 for others to read (run folders, prepared data, exports): files 0644 and folders 0755 under
 the usual umask 022, the user's umask otherwise -- what ``open`` and ``mkdir`` give, where
 ``mkstemp`` (0600), ``mkdtemp`` (0700) and safetensors (0600) give less."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +50,62 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     with atomic_file(path) as f:
         f.write(data)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def own_bytes(path: str | os.PathLike) -> bytes | None:
+    """The bytes of ``path`` when it is a plain file (not a link, which is not followed); None
+    for anything else or nothing. What an append keeps: a link's target is not ours to copy."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a symbolic link
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a fifo: not a file to copy
+        os.close(fd)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def atomic_append_bytes(path: str | os.PathLike, data: bytes, head: bytes = b"") -> None:
+    """Append ``data`` to ``path`` by writing a fresh file (its earlier bytes, then ``data``) over
+    it; ``head`` starts a file that had none (a table's header). A link at ``path`` is replaced,
+    its target neither read nor written."""
+    earlier = own_bytes(path)
+    atomic_write_bytes(path, (head if earlier is None else earlier) + data)
+
+
+class NotAPlainFile(ValueError):
+    """A path longctx would append to in place is a link, a second name of a file, or no file."""
+
+
+def require_plain_file(path: str | os.PathLike, what: str) -> None:
+    """Refuse ``path`` unless it is absent or a plain file under this one name (not a symbolic
+    link, one hard link): for files appended in place, where replacing a link would lose the
+    history it stands for and writing through it would change another file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        shown = f"a symbolic link (to {os.readlink(path)})"
+    elif not stat.S_ISREG(st.st_mode):
+        shown = "not a plain file"
+    elif st.st_nlink > 1:
+        shown = f"a file with {st.st_nlink} names (hard links)"
+    else:
+        return
+    raise NotAPlainFile(
+        f"{what} {path} is {shown}; longctx writes it in place only as a plain file of its "
+        "own: put the file itself there, or remove it"
+    )
 
 
 def remove_temp_files(folder: str | os.PathLike, stem: str = "") -> None:

@@ -1,4 +1,5 @@
-"""Result files of the evaluation: CSV tables and standard JSON."""
+"""Result files of the evaluation: CSV tables and standard JSON, each written fresh (a temp file
+renamed over the old one: a link in the output folder is replaced, never written through)."""
 
 from __future__ import annotations
 
@@ -9,24 +10,28 @@ from pathlib import Path
 
 import pandas as pd
 
+from longctx.io import atomic_append_bytes, atomic_write_text
+
 
 def write_rows(rows: Sequence[dict], path: Path) -> None:
     """Dict rows as a CSV table (replacing the file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(list(rows)).to_csv(path, index=False)
+    atomic_write_text(path, pd.DataFrame(list(rows)).to_csv(index=False))
 
 
 def append_rows(rows: Sequence[dict], path: Path) -> None:
-    """Append dict rows to a CSV, writing the header when the file is new."""
+    """Append dict rows to a CSV, the header first when the file is new (or was a link)."""
     if not rows:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(list(rows)).to_csv(path, mode="a", header=not path.exists(), index=False)
+    table = pd.DataFrame(list(rows)).to_csv(index=False).encode()
+    header, body = table.split(b"\n", 1)
+    atomic_append_bytes(path, body, head=header + b"\n")
 
 
 def write_json(obj, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_json_safe(obj), indent=2) + "\n")
+    atomic_write_text(path, json.dumps(_json_safe(obj), indent=2) + "\n")
 
 
 def _json_safe(obj):

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.io import atomic_write_text
 from longctx.model import Llama, LlamaConfig
 from longctx.probe.checks import ProbeRows, Target, packed_lm_forward, probe
 from longctx.probe.report import Report
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             {"backend": b, "dtype": d, **({"skipped": r} if isinstance(r, str) else r.to_dict())}
             for b, d, r in cases
         ]
-        path.write_text(json.dumps(saved, indent=2) + "\n")
+        atomic_write_text(path, json.dumps(saved, indent=2) + "\n")
         print(f"wrote {path}")
     probed = [r for _, _, r in cases if not isinstance(r, str)]
     return 0 if probed and all(r.passed for r in probed) else 1

@@ -6,6 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from longctx.io import atomic_write_text
+
 
 @dataclasses.dataclass
 class Result:
@@ -71,7 +73,7 @@ class Report:
     def write_json(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
 

@@ -12,14 +12,20 @@ overwrite deletes only a longctx run.
   so the run's original config is never overwritten.
 * Marker. A start that is not refused writes ``.longctx-run`` into a folder that was new or empty
   before it (or already marked): the folder is a longctx run's, which ``overwrite=true`` may
-  delete. A folder without it (a user's, a run of an older longctx) is never deleted.
+  delete. The marker names the folder it was made in (its real path): a marker that names
+  another folder (copied or moved with a run) or none (a user's file, an older longctx's) does
+  not verify, and a folder without a verified marker is never deleted.
 * Overwrite. The marked folder is renamed aside in one step (a hidden sibling), a new folder
   takes its name with this start's own files (lock, job log, config), and the renamed one is
   deleted; symbolic links inside are unlinked, never followed. A crash at any point leaves the
   old run whole, or the new folder and a hidden remainder: never a half-deleted run.
-* Undo. A refused start removes what it added (its metrics, its ``.hydra`` or
-  ``.hydra/restart-N``, the lock and job log it created, its marker), and the folder only when
-  this start created it.
+* Undo. What the folder held before Hydra made it or wrote into it is noted as it happens (by
+  the run-folder resolver, the Hydra callback for ``hydra.run.dir=...``, the sweep-folder
+  resolver, or at the latest the config-folder resolver), never guessed afterwards. A refused
+  start (any error before its first training step) removes exactly what appeared since (its
+  metrics, its ``.hydra`` or ``.hydra/restart-N``, the lock and job log it created, its
+  marker), and the folder only when this start created it: a user's files there, an
+  ``app.log`` among them, are kept as they were.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import dataclasses
 import datetime
 import fcntl
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -35,7 +42,13 @@ import socket
 import sys
 from pathlib import Path
 
-from longctx.io import atomic_write_bytes
+from longctx.io import (
+    NotAPlainFile,
+    atomic_write_text,
+    file_mode,
+    own_bytes,
+    require_plain_file,
+)
 
 LOCK_FILE = ".lock"
 RUN_MARKER = ".longctx-run"
@@ -127,7 +140,7 @@ class RunFolderLock:
 
     def acquire(self) -> RunFolderLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        file = open(self.path, "a+")  # noqa: SIM115 -- held open for the run's life
+        file = self._open()
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -146,6 +159,17 @@ class RunFolderLock:
         self._file = file
         return self
 
+    def _open(self):
+        """The lock file, created or opened in place (every process must lock the same file) but
+        never through a link or a second name: its holder line would be written into another
+        file."""
+        try:
+            require_plain_file(self.path, "the run folder's lock")
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, file_mode())
+        except (NotAPlainFile, OSError) as err:
+            raise RunFolderRefused(str(err)) from None
+        return os.fdopen(fd, "r+")
+
     def release(self) -> None:
         if self._file is not None:
             fcntl.flock(self._file, fcntl.LOCK_UN)
@@ -160,7 +184,11 @@ def holder_description() -> str:
 
 
 def config_subdir(run_dir: str) -> str:
-    """``hydra.output_subdir``: ``.hydra`` on a run's first start, ``.hydra/restart-N`` after."""
+    """``hydra.output_subdir``: ``.hydra`` on a run's first start, ``.hydra/restart-N`` after.
+    Hydra asks before it writes the config: the last moment to note what the folder held, where
+    nothing noted it earlier (then the folder and a job log Hydra just opened count as the
+    user's: kept)."""
+    note_before_hydra(Path(run_dir))
     base = Path(run_dir) / HYDRA_DIR
     if not (base / "config.yaml").exists():
         return HYDRA_DIR
@@ -174,15 +202,23 @@ def config_subdir(run_dir: str) -> str:
 NAME_MAX = 255
 
 
-def sweep_subdir(override_dirname: str) -> str:
+def sweep_subdir(override_dirname: str, sweep_dir: str | None = None) -> str:
     """``hydra.sweep.subdir``: a sweep job's folder, named after its overrides as Hydra does;
     past a file name's limit (a few long values, a list of tasks), their first bytes and a hash
-    of the whole, so the job still starts and two jobs never share a folder."""
-    name = override_dirname.encode()
-    if len(name) <= NAME_MAX:
-        return override_dirname
-    digest = hashlib.sha256(name).hexdigest()[:16]
-    return name[: NAME_MAX - len(digest) - 3].decode(errors="ignore") + f"...{digest}"
+    of the whole, so the job still starts and two jobs never share a folder. With ``sweep_dir``,
+    the job folder's state is noted (Hydra asks before it makes the folder)."""
+    subdir = _short_name(override_dirname)
+    if sweep_dir is not None:
+        note_before_hydra(Path(sweep_dir) / subdir)
+    return subdir
+
+
+def _short_name(name: str) -> str:
+    encoded = name.encode()
+    if len(encoded) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(encoded).hexdigest()[:16]
+    return encoded[: NAME_MAX - len(digest) - 3].decode(errors="ignore") + f"...{digest}"
 
 
 def existing_checkpoints(checkpoint_dir: Path) -> list[str]:
@@ -200,12 +236,20 @@ class FolderState:
 
     existed: bool
     entries: frozenset[str] = frozenset()
+    # where the folder did not exist: the outermost of it and its parents that did not (what
+    # a ``mkdir -p`` of it makes)
+    missing_from: str | None = None
 
     @classmethod
     def of(cls, folder: Path) -> FolderState:
         folder = Path(folder)
+        if not os.path.lexists(folder):
+            top = Path(os.path.abspath(folder))
+            while not os.path.lexists(top.parent):
+                top = top.parent
+            return cls(existed=False, missing_from=str(top))
         if folder.is_symlink() or not folder.is_dir():
-            return cls(existed=os.path.lexists(folder))
+            return cls(existed=True)
         entries = set()
         for parent, dirs, files in os.walk(folder):  # a linked folder is listed, not entered
             base = Path(parent).relative_to(folder)
@@ -213,10 +257,11 @@ class FolderState:
         return cls(existed=True, entries=frozenset(entries))
 
 
-# What each run folder held before Hydra made it or wrote into it, noted by the run-folder
-# resolver (Hydra resolves hydra.run.dir before it creates the folder). A folder Hydra found
-# another way (a sweep job, hydra.run.dir=..., an in-process run()) has its state guessed
-# instead (RunStart.guess_before).
+# What each run folder held before Hydra made it or wrote into it, noted as it happens: by the
+# run-folder resolver and the sweep-folder resolver (Hydra resolves both before it makes the
+# folder), by the Hydra callback for a hydra.run.dir given outright (on_run_start, before the
+# job), and at the latest by the config-folder resolver (before Hydra writes the config). The
+# first note of a folder is the one kept.
 _BEFORE_HYDRA: dict[str, FolderState] = {}
 
 
@@ -226,20 +271,11 @@ def note_before_hydra(run: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class HydraWrites:
-    """What Hydra wrote into the run folder for this start before longctx's code ran. None:
-    not known (run() called without Hydra, e.g. by a test that imitates a first start)."""
+    """What Hydra writes into the run folder for this start. None: not known (run() called
+    without Hydra, e.g. by a test that imitates a first start)."""
 
     config_dir: str | None = None  # ".hydra", or ".hydra/restart-N" on a later start
     job_log: str | None = None  # "app.log"
-
-    def entries(self, present: frozenset[str]) -> set[str]:
-        """Which of the ``present`` entries this start's Hydra wrote (best guess when unknown:
-        a first start's)."""
-        config_dir = self.config_dir or HYDRA_DIR
-        ours = {config_dir, *(f"{config_dir}/{name}" for name in HYDRA_FILES)}
-        if config_dir == HYDRA_DIR:  # a first start: Hydra made the job log too
-            ours |= {e for e in present if self._is_job_log(e)}
-        return ours & present
 
     def kept_on_overwrite(self, previous: frozenset[str], now: frozenset[str]) -> list[str]:
         """Top-level entries an overwrite moves into the new folder: what this start added (but
@@ -254,6 +290,23 @@ class HydraWrites:
         return "/" not in entry and entry.endswith(".log")
 
 
+def marker_text(run: Path) -> str:
+    """The run marker of a folder: it names the folder's real path, so a marker copied or moved
+    with a run does not verify in its new place."""
+    made = {"longctx_run_folder": os.path.realpath(run), "begun_by": holder_description()}
+    return json.dumps(made) + "\n"
+
+
+def marker_verifies(run: Path) -> bool:
+    """``run`` holds a run marker made in it: a plain file (not a link) naming this folder."""
+    held = own_bytes(Path(run) / RUN_MARKER)
+    try:
+        made = json.loads(held) if held is not None else None
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(made, dict) and made.get("longctx_run_folder") == os.path.realpath(run)
+
+
 class RunStart:
     """One start's view of its run folder: what the folder held before it (what a refused start
     takes back), the marker, and the overwrite of a previous run."""
@@ -261,39 +314,29 @@ class RunStart:
     def __init__(self, run: Path, hydra: HydraWrites) -> None:
         self.run, self.hydra = Path(run), hydra
         noted = _BEFORE_HYDRA.pop(os.path.abspath(run), None)
-        self.before = noted if noted is not None else self.guess_before()
-
-    def guess_before(self) -> FolderState:
-        """The folder now, less what this start's Hydra wrote; it existed if anything is left."""
-        now = FolderState.of(self.run)
-        rest = frozenset(now.entries - self.hydra.entries(now.entries))
-        return FolderState(existed=bool(rest), entries=rest)
+        # not noted: no Hydra made or wrote the folder (run() called as a library), so it holds
+        # now what it held before
+        self.before = noted if noted is not None else FolderState.of(self.run)
+        self.trained = False  # set once a training step ran: what it wrote is the run's
 
     def claim(self) -> None:
         """Mark the folder as a longctx run's, when it is this run's: new or empty before this
         start, or marked already."""
         previous = self.before.entries
         marker = self.run / RUN_MARKER
-        if (previous and RUN_MARKER not in previous) or marker.exists():
+        if (previous and RUN_MARKER not in previous) or os.path.lexists(marker):
             return
-        atomic_write_bytes(
-            marker, f"a longctx run folder, begun by {holder_description()}\n".encode()
-        )
+        atomic_write_text(marker, marker_text(self.run))
 
     def start_over(self) -> list[str]:
         """overwrite=true: delete the previous run (moved aside, then removed; see the module
-        docstring). Refused, deleting nothing, when the folder is not marked as a longctx run.
+        docstring). Refused, deleting nothing, when the folder's marker does not verify.
         Returns the top-level names deleted."""
         previous = self.before.entries
         if not previous:
             return []
-        if RUN_MARKER not in previous:
-            shown = ", ".join(sorted(e for e in previous if "/" not in e)[:5])
-            raise RunFolderRefused(
-                f"overwrite=true: {self.run} is not marked as a longctx run (no {RUN_MARKER}; it "
-                f"holds {shown}), so nothing was deleted; delete it yourself, or pick another "
-                "run_name"
-            )
+        if RUN_MARKER not in previous or not marker_verifies(self.run):
+            self._refuse_overwrite(previous)
         keep = self.hydra.kept_on_overwrite(previous, FolderState.of(self.run).entries)
         removed = sorted(
             e + ("/" if (self.run / e).is_dir() else "")
@@ -311,6 +354,19 @@ class RunStart:
         _remove_tree(aside)
         self.before = FolderState(existed=False)  # nothing of the folder is another start's now
         return removed
+
+    def _refuse_overwrite(self, previous: frozenset[str]) -> None:
+        shown = ", ".join(sorted(e for e in previous if "/" not in e)[:5])
+        why = (
+            f"is not marked as a longctx run (no {RUN_MARKER}; it holds {shown})"
+            if RUN_MARKER not in previous
+            else f"has a {RUN_MARKER} that was not made in this folder (copied or moved with a "
+            "run, or not longctx's)"
+        )
+        raise RunFolderRefused(
+            f"overwrite=true: {self.run} {why}, so nothing was deleted; delete it yourself, or "
+            "pick another run_name"
+        )
 
     def _move_back(self, aside: Path, keep: list[str]) -> None:
         try:
@@ -330,10 +386,10 @@ class RunStart:
                     os.rename(aside / self.hydra.config_dir / name, self.run / HYDRA_DIR / name)
 
     def undo(self) -> bool:
-        """Remove what this (refused) start added, unless it wrote a checkpoint (training began:
-        what it wrote is the run's); then the folder, when this start made it and nothing is
-        left. Returns whether the folder was removed."""
-        if self.run.is_symlink() or not self.run.is_dir():
+        """Remove what this (refused) start added, unless it trained (a step ran, or it wrote a
+        checkpoint: what it wrote is the run's); then the folder, when this start made it and
+        nothing is left. Returns whether the folder was removed."""
+        if self.trained or self.run.is_symlink() or not self.run.is_dir():
             return False
         added = FolderState.of(self.run).entries - self.before.entries
         if any(e.startswith(f"{CHECKPOINTS}/") for e in added):
@@ -342,7 +398,12 @@ class RunStart:
             _remove_entry(self.run / entry)
         if self.before.existed:
             return False
-        return _remove_entry(self.run)
+        folder, top = Path(os.path.abspath(self.run)), self.before.missing_from
+        if not _remove_entry(folder):
+            return False
+        while top is not None and folder != Path(top) and _remove_entry(folder.parent):
+            folder = folder.parent  # the parents its mkdir made, each only if empty
+        return True
 
 
 def _top(entries: frozenset[str]) -> set[str]:

@@ -78,7 +78,7 @@ def run(cfg: DictConfig) -> dict:
     except NonFiniteStep as err:
         err.kept = what_a_stop_kept(output_dir)  # it trained: what it logged is kept
         raise
-    except USER_ERRORS:
+    except Exception:  # a refusal, or a bug: a start that did not train leaves nothing it made
         if start is not None and start.undo():
             print(f"removed the run folder {output_dir}: nothing was written", file=sys.stderr)
         raise
@@ -108,6 +108,8 @@ def train(cfg: DictConfig, output_dir: Path, start: RunStart | None) -> dict:
     if writes_run_folder():
         print(arm_description(data_config.reset_position_ids, data_config.document_mask))
     trainer = build_trainer(cfg, output_dir, RunRecord(identity, recorded_config(cfg)))
+    if start is not None:
+        trainer.callbacks.append(TrainingBegan(start))
     ckpt_path = resume.announce() if resume is not None else None
     if note := init_from_note(getattr(model_config, "init_from", None), ckpt_path):
         print(note, flush=True)
@@ -137,6 +139,16 @@ def start_point(
         for path in remove_stale_temp_files(checkpoint_dir(output_dir)):
             print(f"removed {path}: a checkpoint write that never finished", flush=True)
     return resume
+
+
+class TrainingBegan(L.Callback):
+    """Tells the start that a training step ran: what an error after it leaves is the run's."""
+
+    def __init__(self, start: RunStart) -> None:
+        self.start = start
+
+    def on_train_batch_end(self, *args, **kwargs) -> None:
+        self.start.trained = True
 
 
 def hydra_writes() -> HydraWrites:

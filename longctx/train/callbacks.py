@@ -30,6 +30,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from longctx.distributed.slurm import PREEMPTED_MARKER, requeue_job, under_slurm
+from longctx.io import atomic_write_text
 from longctx.runs.folder import checkpoint_dir, last_checkpoint
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class SaveOnSignal(L.Callback):
     def _requeue(self, checkpoint: Path) -> None:
         """Marker first (the requeued job must find it), then scontrol; the checkpoint is
         already complete on disk, so SLURM may kill this job at any moment from here on."""
-        (checkpoint.parent / PREEMPTED_MARKER).write_text(f"{checkpoint.name}\n")
+        atomic_write_text(checkpoint.parent / PREEMPTED_MARKER, f"{checkpoint.name}\n")
         try:
             self.requeued = requeue_job()
         except (RuntimeError, OSError) as err:  # scontrol missing or refused: stop, say so

@@ -13,6 +13,8 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from omegaconf import DictConfig, OmegaConf
 
+from longctx.io import atomic_write_text, own_bytes, require_plain_file
+
 WANDB_ID_FILE = "wandb_run_id"
 
 
@@ -32,11 +34,11 @@ def wandb_mode(requested: str) -> str:
 def persistent_run_id(output_dir: Path) -> str:
     """The run folder's W&B id: created once, reused when the run resumes (same W&B run)."""
     id_file = output_dir / WANDB_ID_FILE
-    if id_file.is_file():
-        return id_file.read_text().strip()
+    if (kept := own_bytes(id_file)) is not None:  # a link is not the run's: replaced below
+        return kept.decode(errors="replace").strip()
     run_id = uuid.uuid4().hex[:12]
     output_dir.mkdir(parents=True, exist_ok=True)
-    id_file.write_text(run_id)
+    atomic_write_text(id_file, run_id)
     return run_id
 
 
@@ -87,12 +89,23 @@ def make_loggers(cfg: DictConfig, output_dir: Path) -> list:
 
 class _AppendingWriter(ExperimentWriter):
     """Lightning's writer deletes an existing metrics.csv when it starts; this one keeps its
-    rows and header, and appends."""
+    rows and header, and appends. It appends in place (a run logs every step: rewriting the
+    history at every flush would cost its square), so the file must be the run's own: a link or
+    a second hard link there is refused by name, never written through (replacing it would lose
+    the history it stands for). hparams.yaml is written fresh, a link there replaced."""
 
     def _check_log_dir_exists(self) -> None:
+        require_plain_file(self.metrics_file_path, "the metrics log")
         if self._fs.isfile(self.metrics_file_path):
             with self._fs.open(self.metrics_file_path, "r", newline="") as f:
                 self.metrics_keys = next(csv.reader(f), [])
+
+    def log_hparams(self, params: dict) -> None:
+        self.hparams.update(params)
+        # what Lightning's save_hparams_to_yaml writes (OmegaConf's YAML), but never in place
+        atomic_write_text(
+            Path(self.log_dir) / self.NAME_HPARAMS_FILE, OmegaConf.to_yaml(self.hparams)
+        )
 
 
 class HistoryCSVLogger(CSVLogger):

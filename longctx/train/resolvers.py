@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
 from longctx.cli import exit_on_user_error
 from longctx.distributed.slurm import checked_num_nodes, slurm_job_label
@@ -62,6 +63,16 @@ def run_dir_or_exit(runs_dir: str, run_name, ckpt_path: str | None) -> str:
         exit_on_user_error(err)
     note_before_hydra(Path(run))  # before Hydra makes or writes it: what a refusal leaves
     return run
+
+
+class NoteRunFolder(Callback):
+    """``hydra.callbacks``: notes what the run folder holds before Hydra makes it or writes into
+    it, whatever ``hydra.run.dir`` names (the run-folder resolver notes only the folders it
+    picks; ``hydra.run.dir=PATH`` bypasses it). What a refused start removes is what appeared
+    since."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        note_before_hydra(Path(config.hydra.run.dir))
 
 
 def required_value(key: str, hint: str = "") -> None:

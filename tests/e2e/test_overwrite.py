@@ -6,12 +6,20 @@ overwrite may delete"). The run-name checks go through train.py: Hydra resolves 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 from helpers import FAST, compose, read_metrics, run_train
 
-from longctx.runs.folder import RUN_MARKER, FolderState, named_run, newest_resumable_run
+from longctx.runs.folder import (
+    RUN_MARKER,
+    FolderState,
+    marker_text,
+    marker_verifies,
+    named_run,
+    newest_resumable_run,
+)
 from longctx.train.app import run
 from longctx.train.nonfinite import NonFiniteStep
 
@@ -48,7 +56,7 @@ def a_run(folder: Path, marked: bool = True) -> Path:
     (folder / "csv").mkdir()
     (folder / "csv" / "metrics.csv").write_text("step,train/loss\n1,2.0\n")
     if marked:
-        (folder / RUN_MARKER).write_text("a longctx run folder\n")
+        (folder / RUN_MARKER).write_text(marker_text(folder))
     return folder
 
 
@@ -117,6 +125,58 @@ def test_overwrite_unlinks_links_inside_the_run_never_their_targets_and_removes_
     assert (run_dir / RUN_MARKER).is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert [r["step"] for r in read_metrics(run_dir) if r.get("train/loss")] == ["1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside", "run"]  # nothing aside
+
+
+@pytest.mark.parametrize("how", ["copied", "linked", "not longctx's"])
+def test_overwrite_refuses_a_marker_not_made_in_the_folder(how, tmp_path):
+    """A run folder copied elsewhere (its marker with it) once had overwrite=true delete the
+    copy's contents: the marker names the folder it was made in."""
+    made = a_run(tmp_path / "made")
+    run_dir = tmp_path / "copy"
+    shutil.copytree(made, run_dir)
+    if how == "linked":
+        (run_dir / RUN_MARKER).unlink()
+        (run_dir / RUN_MARKER).symlink_to(made / RUN_MARKER)
+    elif how == "not longctx's":
+        (run_dir / RUN_MARKER).write_text("[" * 100_000)
+    (run_dir / "notes.txt").write_text("mine")
+    before = tree(tmp_path)
+    with pytest.raises(
+        ValueError, match=rf"overwrite=true: .*copy has a {RUN_MARKER} that was not"
+    ):
+        run(compose([*SHORT, "overwrite=true"], output_dir=run_dir))
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "held",
+    ["", "a longctx run folder\n", "[1]", '{"longctx_run_folder": ["x"]}', "\udcff", "FOLDER"],
+)
+def test_a_marker_verifies_only_when_it_names_its_own_folder(held, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / RUN_MARKER).write_text(marker_text(run_dir))
+    assert marker_verifies(run_dir)
+    (run_dir / RUN_MARKER).unlink()
+    if held == "FOLDER":
+        (run_dir / RUN_MARKER).mkdir()
+    else:
+        (run_dir / RUN_MARKER).write_bytes(held.encode(errors="surrogateescape"))
+    assert not marker_verifies(run_dir)
+
+
+def test_overwrite_through_hydra_run_dir_outside_the_runs_folder_deletes_nothing(tmp_path):
+    """The case measured: hydra.run.dir=DIR outside the runs folder, DIR holding a copied run
+    and its marker. The refused start removes what Hydra wrote for it, nothing else."""
+    made = a_run(tmp_path / "outputs" / "train" / "made")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(made, elsewhere)
+    (elsewhere / "app.log").write_text("the user's log\n")
+    before = tree(tmp_path)
+    proc = run_train([*SHORT, f"hydra.run.dir={elsewhere}", "overwrite=true"], tmp_path,
+                     check=False)  # fmt: skip
+    assert "that was not made in this folder" in one_error_line(proc)
+    assert tree(tmp_path) == before
 
 
 def test_an_overwrite_refused_by_the_data_keeps_the_previous_run(tmp_path):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from helpers import FAST, compose, read_metrics, run_train
 
-from longctx.runs.folder import last_checkpoint
+from longctx.runs.folder import LOCK_FILE, last_checkpoint, note_before_hydra
 from longctx.runs.record import read_stored_run
 from longctx.train.app import run
 
@@ -18,7 +19,9 @@ SHORT = [*FAST, "trainer.max_steps=2", "trainer.val_check_interval=2"]
 
 
 def hydra_start(run_dir: Path) -> None:
-    """What Hydra writes into a run folder before train.py's code runs."""
+    """What Hydra writes into a run folder before train.py's code runs, after the run-folder
+    resolver noted what the folder held."""
+    note_before_hydra(run_dir)
     (run_dir / ".hydra").mkdir(parents=True)
     for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
         (run_dir / ".hydra" / name).write_text("x: 1\n")
@@ -95,3 +98,47 @@ def test_a_finished_fit_gives_the_process_its_signal_handlers_back(tmp_path):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     run(compose(SHORT, output_dir=tmp_path / "run"))
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def files_in(root: Path) -> dict[str, bytes | str]:
+    """Every entry under ``root`` (links not followed): a file's bytes, a link's target."""
+    return {
+        p.relative_to(root).as_posix(): (
+            f"link {os.readlink(p)}" if p.is_symlink() else p.read_bytes() if p.is_file() else "dir"
+        )
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def test_a_refused_start_in_a_users_folder_keeps_its_files_byte_identical(tmp_path):
+    """hydra.run.dir=DIR: DIR's earlier contents were guessed, and a user's app.log was taken for
+    Hydra's job log and deleted. What the folder held is noted before Hydra writes it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "app.log").write_bytes(b"the user's own log\n")
+    (mine / "notes.txt").write_bytes(b"mine\n")
+    before = files_in(tmp_path)
+    for refusal in ("model.attn_backend=flash", "+callbacks.bad.foo=1"):
+        proc = run_train([*SHORT, f"hydra.run.dir={mine}", refusal], tmp_path, check=False)
+        assert proc.returncode != 0, proc.stdout[-2000:]
+        assert files_in(tmp_path) == before, proc.stderr[-2000:]
+    new = tmp_path / "new" / "deeper"  # a folder (and parent) the start made: removed
+    proc = run_train(
+        [*SHORT, f"hydra.run.dir={new}", "+callbacks.bad.foo=1"], tmp_path, check=False
+    )
+    assert proc.returncode != 0 and files_in(tmp_path) == before, proc.stderr[-2000:]
+
+
+def test_a_resume_refused_in_any_way_leaves_nothing_it_made(tmp_path):
+    """A mistyped scheduler _target_ or +trainer.gradient_clip_val (errors other than the
+    user-error classes) once left .hydra/restart-1 behind."""
+    run_train([*SHORT, "run_name=r"], tmp_path)
+    run_dir = tmp_path / "outputs" / "train" / "r"
+    before = files_in(run_dir)
+    del before[LOCK_FILE]  # each start writes its holder line into the run's lock
+    resume = ["run_name=r", "ckpt_path=last", "trainer.max_steps=4"]
+    for refusal in ("optim.scheduler._target_=no.such.Scheduler", "+trainer.gradient_clip_val=1"):
+        proc = run_train([*SHORT, *resume, refusal], tmp_path, check=False)
+        assert proc.returncode != 0, proc.stdout[-2000:]
+        after = {k: v for k, v in files_in(run_dir).items() if k != LOCK_FILE}
+        assert after == before, proc.stderr[-2000:]

@@ -18,14 +18,16 @@ from longctx.data import DataConfig
 from longctx.experiments.analysis import csv_rows
 from longctx.model import LlamaConfig
 from longctx.runs.checkpoints import UnreadableCheckpoint, resolve_ckpt_path
-from longctx.runs.folder import RunFolderBusy, RunFolderLock, config_subdir
+from longctx.runs.folder import RunFolderBusy, RunFolderLock, config_subdir, note_before_hydra
 from longctx.runs.identity import ResumeMismatch, check_resume, run_identity
 from longctx.train.app import ConfigError, run
 from longctx.train.loggers import HistoryCSVLogger
 
 
 def hydra_start(run_dir: Path) -> None:
-    """What Hydra writes into a run folder before train.py's code runs."""
+    """What Hydra writes into a run folder before train.py's code runs, after the run-folder
+    resolver noted what the folder held."""
+    note_before_hydra(run_dir)
     (run_dir / ".hydra").mkdir(parents=True)
     for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
         (run_dir / ".hydra" / name).write_text("x: 1\n")
@@ -74,8 +76,9 @@ def test_a_failed_preflight_leaves_no_run_folder(tmp_path):
         run(compose([*FAST, "model.attn_backend=flash"], output_dir=run_dir))
     assert not run_dir.exists()
     # a folder holding anything else is left alone
-    hydra_start(run_dir)
+    run_dir.mkdir()
     (run_dir / "notes.txt").write_text("mine")
+    hydra_start(run_dir)
     with pytest.raises(ConfigError):
         run(compose([*FAST, "model.attn_backend=flash"], output_dir=run_dir))
     assert (run_dir / "notes.txt").read_text() == "mine"

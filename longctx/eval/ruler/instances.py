@@ -23,6 +23,7 @@ import numpy as np
 
 from longctx.batch import IGNORE_INDEX
 from longctx.data.haystack import CorpusHaystack, resolve_haystack
+from longctx.io import atomic_write_text
 from longctx.synthetic import FillerHaystack, NoiseHaystack, TaskInputError
 
 # bad input to the suite (a task, length, depth, haystack or data folder): one line
@@ -122,9 +123,10 @@ def write_instances(instances: Sequence[Instance], tokenizer, path: str | Path) 
     """Every instance as one JSON line (its text, answer and token digest)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for instance in instances:
-            f.write(json.dumps(instance_record(instance, tokenizer), ensure_ascii=False) + "\n")
+    lines = (
+        json.dumps(instance_record(i, tokenizer), ensure_ascii=False) + "\n" for i in instances
+    )
+    atomic_write_text(path, "".join(lines))
     return path
 
 
