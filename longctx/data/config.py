@@ -82,6 +82,9 @@ class Synthesized:
             raise ValueError(f"DataConfig.{where}: {err}") from err
 
 
+LOSS_TOKENS = ("all", "answers")
+
+
 @dataclasses.dataclass
 class DataConfig:
     # prepared folders, the name "embedded" among them standing for the embedded corpus, and
@@ -121,6 +124,11 @@ class DataConfig:
     add_bos: bool | None = None
     # the id packing puts first: set by the datamodule from add_bos and the corpus's tokenizer
     bos_id: int | None = None
+    # which targets the loss counts: "all" tokens, or "answers" only (an MQAR corpus: the value
+    # after each queried key, as Zoology trains; longctx.data.mqar_corpus)
+    loss_tokens: str = "all"
+    # the key ids whose queries are answered: set by the datamodule for loss_tokens=answers
+    answer_keys: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.shards, str):  # data.shards=/one/folder: one source, not its letters
@@ -128,6 +136,10 @@ class DataConfig:
         if self.shards is not None:
             self.shards = [_shard(entry, f"shards[{i}]") for i, entry in enumerate(self.shards)]
         self.stages = _stages(self.stages)
+        if self.loss_tokens not in LOSS_TOKENS:
+            raise ValueError(
+                f"DataConfig.loss_tokens={self.loss_tokens!r}; expected one of {LOSS_TOKENS}"
+            )
         if isinstance(self.length_upsampling, dict):  # Hydra hands nested configs over as dicts
             self.length_upsampling = LengthUpsampling(**self.length_upsampling)
         for name in ("seq_len", "micro_batch_size", "buffer_size", "val_rows", "chunk_documents"):

@@ -42,6 +42,7 @@ from longctx.data.streams import (
 )
 from longctx.data.tokenizer import data_tokenizer, load_tokenizer, packing_bos_id
 from longctx.distributed.context_parallel import data_parallel_rank_and_size
+from longctx.synthetic.mqar import answer_keys
 
 
 def _identity(batch):
@@ -140,7 +141,8 @@ class LongCtxDataModule(L.LightningDataModule):
             manifests = [load_manifest(f) for f in folders]
             spec = data_tokenizer(self.config.tokenizer, folders, manifests)  # the run's
             bos_id = packing_bos_id(self.config.add_bos, spec)
-            self.config = dataclasses.replace(self.config, bos_id=bos_id)
+            keys = answer_keys(self.config.loss_tokens, spec)
+            self.config = dataclasses.replace(self.config, bos_id=bos_id, answer_keys=keys)
             train = [ShardSet(f, "train") for f in folders]
             for folder, shard_set in zip(folders, train, strict=True):
                 if shard_set.num_documents == 0:
@@ -300,6 +302,7 @@ class LongCtxDataModule(L.LightningDataModule):
             buffer_size=self.config.buffer_size,
             seed=self.config.seed,
             bos_id=self.config.bos_id,
+            answer_keys=self.config.answer_keys,
         )
         docs = (val.document(i) for i in range(val.num_documents))
         rows = list(itertools.islice(packer.pack(docs), self.config.val_rows))

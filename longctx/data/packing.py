@@ -386,15 +386,52 @@ def make_packer(
     buffer_size: int = 1000,
     seed: int = 0,
     bos_id: int | None = None,
+    answer_keys: tuple[int, int] | None = None,
 ) -> Packer:
-    """A packer by name: "concat_chunk" or "best_fit"; ``bos_id``: BOS before every document."""
+    """A packer by name: "concat_chunk" or "best_fit"; ``bos_id``: BOS before every document;
+    ``answer_keys``: keep only answer labels (:func:`answers_only`)."""
     if name == "concat_chunk":
-        return ConcatChunkPacker(seq_len, pad_id=pad_id, bos_id=bos_id)
-    if name == "best_fit":
-        return BestFitPacker(
+        packer = ConcatChunkPacker(seq_len, pad_id=pad_id, bos_id=bos_id)
+    elif name == "best_fit":
+        packer = BestFitPacker(
             seq_len, pad_id=pad_id, buffer_size=buffer_size, seed=seed, bos_id=bos_id
         )
-    raise ValueError(f"unknown packer {name!r}; expected one of 'concat_chunk', 'best_fit'")
+    else:
+        raise ValueError(f"unknown packer {name!r}; expected one of 'concat_chunk', 'best_fit'")
+    return packer if answer_keys is None else AnswersOnly(packer, answer_keys)
+
+
+class AnswersOnly:
+    """A packer whose rows keep only their answer labels (``data.loss_tokens=answers``)."""
+
+    def __init__(self, packer: Packer, answer_keys: tuple[int, int]) -> None:
+        self.packer, self.answer_keys = packer, answer_keys
+        self.seq_len = packer.seq_len
+
+    def stats(self) -> PackingStats:
+        return self.packer.stats()
+
+    def pack(self, documents: Iterable[np.ndarray]) -> Iterator[PackedRow]:
+        for row in self.packer.pack(documents):
+            yield answers_only(row, self.answer_keys)
+
+
+def answers_only(row: PackedRow, answer_keys: tuple[int, int]) -> PackedRow:
+    """``row`` with a label only where a query asks for it: at a key (an id in ``answer_keys``'
+    [low, high)) that already occurred earlier in the same segment, whose label is the token
+    that answers it (MQAR's value after a queried key). Every other label becomes -100."""
+    low, high = answer_keys
+    tokens = row.tokens
+    segment = np.repeat(np.arange(len(row.seq_lens)), row.seq_lens)
+    _, first, inverse = np.unique(
+        segment.astype(np.int64) * (int(tokens.max()) + 1) + tokens,
+        return_index=True,
+        return_inverse=True,
+    )
+    repeated = first[inverse] != np.arange(len(tokens))
+    query = repeated & (tokens >= low) & (tokens < high)
+    labels = np.where(query, row.labels, IGNORE_INDEX)
+    return dataclasses.replace(row, labels=labels)
 
 
 def plan_rows(

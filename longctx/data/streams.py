@@ -171,6 +171,7 @@ class RowStream:
             buffer_size=self.config.buffer_size,
             seed=seed,
             bos_id=self.config.bos_id,
+            answer_keys=self.config.answer_keys,
         )
 
 

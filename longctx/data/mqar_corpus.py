@@ -1,0 +1,107 @@
+"""MQAR documents (``longctx.synthetic.mqar``) written as a prepared folder: a token source the
+data pipeline reads like any prepared corpus, with no text tokenizer in between.
+
+    python -m longctx.data.mqar_corpus --out DIR --documents N --seed S \\
+        [--keys 512] [--values 512] [--min-pairs 2] [--max-pairs 32] [--slot-ratio 1.5]
+
+The manifest's tokenizer is ``{"kind": "mqar", ...}``: the synthetic vocabulary (filler 0,
+EOS 1, the keys, then the values) and the document distribution, so a run trained on it is
+known by what its tokens mean. Every document ends with EOS. Train with
+``data=shards data.shards=[DIR] data.loss_tokens=answers``: the loss then counts the answers
+only (the value after each query), as Zoology trains MQAR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from longctx.cli import command
+from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, write_manifest
+from longctx.data.synthesize import staged_folder
+from longctx.synthetic.mqar import EOS, FILLER, KIND, MqarSpec, MqarVocab, tokenizer_spec
+
+SHARD_TOKENS = 1 << 24
+# the corpus's random streams are [seed, STREAM, split]: the held-out instances of
+# longctx.eval.recall draw from streams of their own, never these
+STREAM = 0x6D716172
+
+
+def write_corpus(
+    out: str | Path, spec: MqarSpec, documents: int, seed: int, val_documents: int = 200
+) -> Manifest:
+    """``documents`` training and ``val_documents`` validation documents of ``spec`` drawn from
+    ``seed`` into ``out`` (new or empty; it appears whole or not at all)."""
+    for name, value, least in (
+        ("documents", documents, 1), ("seed", seed, 0), ("val_documents", val_documents, 0)
+    ):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name}={value!r}; expected an int >= {least}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {out} is not a new or empty folder; choose another")
+    options = {
+        "kind": KIND, "spec": dataclasses.asdict(spec), "documents": documents, "seed": seed,
+        "val_documents": val_documents,
+    }  # fmt: skip
+    with staged_folder(out) as folder:
+        splits = {
+            split: _write_split(folder, stem, spec, count, [seed, STREAM, i])
+            for i, (split, stem, count) in enumerate(
+                (("train", "train-00000", documents), ("val", "val", val_documents))
+            )
+        }
+        manifest = Manifest(
+            input_hash=hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest(),
+            tokenizer=tokenizer_spec(spec),
+            vocab_size=spec.vocab.size,
+            eos_id=EOS,
+            pad_id=FILLER,
+            dtype="uint16",
+            val_fraction=0.0,
+            sources=[options],
+            splits=splits,
+            format_version=FORMAT_VERSION,
+        )
+        write_manifest(folder, manifest)
+    return manifest
+
+
+def _write_split(folder: Path, stem: str, spec: MqarSpec, documents: int, stream: list[int]):
+    writer = SplitWriter(folder, stem, "uint16", SHARD_TOKENS)
+    rng = np.random.default_rng(stream)
+    for _ in range(documents):
+        writer.add(spec.document(rng).tokens)
+    return writer.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m longctx.data.mqar_corpus", description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--documents", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--val-documents", type=int, default=200)
+    parser.add_argument("--keys", type=int, default=512)
+    parser.add_argument("--values", type=int, default=512)
+    parser.add_argument("--min-pairs", type=int, default=2)
+    parser.add_argument("--max-pairs", type=int, default=32)
+    parser.add_argument("--slot-ratio", type=float, default=1.5)
+    args = parser.parse_args(argv)
+    spec = MqarSpec(
+        MqarVocab(args.keys, args.values), args.min_pairs, args.max_pairs, args.slot_ratio
+    )
+    manifest = write_corpus(args.out, spec, args.documents, args.seed, args.val_documents)
+    train = manifest.splits["train"]
+    print(f"wrote {args.out}: {train.documents} documents, {train.tokens} tokens")
+
+
+cli = command(main)
+
+if __name__ == "__main__":
+    cli()
