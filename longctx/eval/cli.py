@@ -189,6 +189,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="also write every instance's text and answer (ruler_instances.jsonl)",
     )
     args = p.parse_args(argv)
+    for option in ("lengths", "depths", "probe_lengths", "probe_depths"):
+        if getattr(args, option) == []:  # given with no values: not the defaults
+            flag = "--" + option.replace("_", "-")
+            raise RulerInputError(
+                f"{flag} is given no values; expected one or more (leave {flag} out for the "
+                "defaults)"
+            )
     if args.hf is None and args.checkpoint is None:
         p.error("give a CHECKPOINT or --hf DIR")
     if args.hf is not None and args.checkpoint is not None:
@@ -205,6 +212,7 @@ def run(args: argparse.Namespace) -> dict:
     model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
     check_backend(model_config.attn_backend, args.device)
     out = args.out or _default_out(args.checkpoint.resolve())
+    check_out(args.out or (out / "ruler" if args.suite == "ruler" else out))
     if args.suite == "ruler":
         check_factor(args.long_factor)
         lengths = args.lengths or default_ruler_lengths(data_config.seq_len, args.long_factor)
@@ -268,6 +276,19 @@ def check_backend(name: str, device: str) -> None:
         ) from None
 
 
+def check_out(out: Path) -> None:
+    """The output folder can be made (or is one): a file there is refused before anything is
+    scored, not after the whole suite has run."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise FileExistsError(
+                    f"--out {out}: {path} is a file; expected a folder (new or existing) for "
+                    "the results"
+                )
+            return
+
+
 def _default_out(checkpoint: Path) -> Path:
     """<run>/eval for a checkpoint in a run folder; beside the checkpoint otherwise."""
     run = run_folder_of(checkpoint)
@@ -310,11 +331,12 @@ def run_hf(args: argparse.Namespace) -> dict:
         )
     settings = suite_settings(args, args.lengths or HF_DEFAULT_LENGTHS)
     settings.check(None, "--lengths")
+    out = args.out or Path("outputs") / "eval" / args.hf.resolve().name
+    check_out(out)
     model, tokenizer, max_positions = load_hf_folder(args.hf, args.device)
     if args.lengths is None and max_positions is not None:
         settings.lengths = [n for n in HF_DEFAULT_LENGTHS if n <= max_positions]
-    settings.check(max_positions, "--lengths, the --hf model's max_position_embeddings")
-    out = args.out or Path("outputs") / "eval" / args.hf.resolve().name
+    settings.check_lengths(max_positions, "--lengths, the --hf model's max_position_embeddings")
     return run_suite(model, tokenizer, settings, out, args.device, args.cache_dir)
 
 

@@ -165,3 +165,39 @@ def test_an_attention_backend_the_device_lacks_is_one_line(tmp_path, plain):
         one_line(err)
     with pytest.raises(ValueError, match="--backend flash chooses longctx's attention"):
         eval_cli.main(["--hf", plain, "--backend", "flash", *SUITE])
+
+
+# --------------------------------------------------------------------------- the CLI's inputs
+def test_hf_without_qa_data_skips_qa_as_a_checkpoint_does(plain, monkeypatch, tmp_path):
+    """--hf checked its settings twice, and the second check took the full task list for tasks
+    the user named: "qa_1, qa_2 need --qa-data". Both paths now skip them (and say so)."""
+    monkeypatch.setattr(eval_cli, "run_suite", lambda model, tok, settings, *a: settings)
+    settings = eval_cli.main(["--hf", plain, "--suite", "ruler", "--lengths", "128"])
+    assert {"qa_1", "qa_2"} <= set(settings.tasks) and settings.qa_data is None
+    with pytest.raises(ValueError, match="qa_1 need --qa-data DIR"):  # named: refused
+        eval_cli.main(["--hf", plain, "--suite", "ruler", "--tasks", "qa_1"])
+
+
+def test_an_out_that_is_a_file_is_refused_before_scoring(plain, tmp_path, monkeypatch):
+    from export_helpers import make_run
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(eval_cli, "load_model", never)
+    monkeypatch.setattr("longctx.eval.ruler.hf.load_hf_folder", never)
+    taken = tmp_path / "taken"
+    taken.write_text("the user's")
+    ckpt = make_run(tmp_path / "run") / "checkpoints" / "last.ckpt"
+    for given in (["--hf", plain, *SUITE], [str(ckpt), *SUITE], [str(ckpt), "--no-probe"]):
+        for out in (taken, taken / "sub"):
+            with pytest.raises(FileExistsError, match=f"{taken} is a file; expected a folder"):
+                eval_cli.main([*given, "--out", str(out)])
+    assert taken.read_text() == "the user's"
+
+
+@pytest.mark.parametrize("option", ["--lengths", "--depths", "--probe-lengths", "--probe-depths"])
+def test_an_option_given_no_values_is_refused(plain, option):
+    """``--lengths`` with no values silently meant the defaults."""
+    with pytest.raises(ValueError, match=f"{option} is given no values"):
+        eval_cli.main(["--hf", plain, "--suite", "ruler", option])

@@ -60,6 +60,12 @@ class SuiteSettings:
                 )
         self.depths = [check_depth(d) for d in self.depths]
         check_mode(self.scoring)
+        self.check_lengths(max_positions, what)
+
+    def check_lengths(self, max_positions: int | None, what: str) -> None:
+        """The lengths, within ``max_positions`` (a model's, once known; the tasks were checked
+        by :meth:`check`, which runs once: a second run would take its full task list for
+        tasks the user named)."""
         if not self.lengths:
             raise RulerInputError("--lengths is empty; expected context lengths in tokens")
         for n in self.lengths:
