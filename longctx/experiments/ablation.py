@@ -33,7 +33,7 @@ import pandas as pd
 
 from longctx.data.arms import ARM_ORDER, arm_label
 from longctx.experiments import statistics as st
-from longctx.experiments.runs import require_runs, run_name, run_settings
+from longctx.experiments.runs import read_table, require_runs, run_name, run_settings
 
 HELD_OUT_FILE = Path("eval") / "held_out_documents.csv"
 ANSWERS_FILE = Path("eval") / "held_out_answers.csv"  # longctx.eval.answer_loss
@@ -95,7 +95,8 @@ def held_out_frame(runs: list[RunInfo]) -> pd.DataFrame:
                 f"run {run.name} has no held-out document losses ({path}): it never validated, "
                 "or ran without callbacks=ablation (experiment files of ablations set it)"
             )
-        data = pd.read_csv(path)
+        data = read_table(path, numeric=["step", "bucket_start", "tokens", "loss_sum"],
+                          text=["doc"])  # fmt: skip
         data = data[data["step"] == data["step"].max()]
         frames.append(data.assign(run=run.name, arm=[run.arm] * len(data), seed=run.seed))
     frame = pd.concat(frames, ignore_index=True)
@@ -132,7 +133,7 @@ def per_instance(root: str | Path) -> pd.DataFrame:
     parts = [held_out_frame(runs).assign(set="held_out")]
     for run in runs:
         if (run.folder / ANSWERS_FILE).is_file():
-            answers = _last_step(pd.read_csv(run.folder / ANSWERS_FILE))
+            answers = _last_step(read_answers(run.folder))
             parts.append(answers.assign(set="answers", run=run.name, arm=[run.arm] * len(answers),
                                         seed=run.seed))  # fmt: skip
     frame = pd.concat(parts, ignore_index=True)
@@ -273,7 +274,7 @@ def answer_loss_summary(runs: list[RunInfo], arms, names: dict, n_boot: int, rng
     longctx.eval.answer_loss), per arm and pair; None when the runs did not score it."""
     if not all((r.folder / ANSWERS_FILE).is_file() for r in runs):
         return None
-    parts = [_last_step(pd.read_csv(r.folder / ANSWERS_FILE)).assign(run=r.name, seed=r.seed)
+    parts = [_last_step(read_answers(r.folder)).assign(run=r.name, seed=r.seed)
              for r in runs]  # fmt: skip
     frame = pd.concat(parts, ignore_index=True)
     frame["arm"] = frame["run"].map({r.name: r.arm for r in runs})
@@ -295,6 +296,11 @@ def _answer_rows(frame: pd.DataFrame, arms, names: dict, n_boot: int, rng) -> di
                   "seed_losses": list(samples[a].per_seed().values())} for a in arms],
         **_pairs(arms, names, samples, n_boot, rng),
     }  # fmt: skip
+
+
+def read_answers(folder: Path) -> pd.DataFrame:
+    return read_table(folder / ANSWERS_FILE, numeric=["step", "tokens", "loss_sum"],
+                      text=["doc", "task"])  # fmt: skip
 
 
 def _last_step(data: pd.DataFrame) -> pd.DataFrame:

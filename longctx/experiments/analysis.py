@@ -30,6 +30,7 @@ from longctx.experiments.runs import (
     CSV_LOG,
     find_runs,
     metrics_log,
+    read_table,
     require_runs,
     run_name,
     run_settings,
@@ -104,9 +105,7 @@ def load_run_dir(run_dir: Path, root: Path | None = None) -> pd.DataFrame:
 def csv_rows(path: Path) -> list[tuple[int, str, float]]:
     """Lightning CSVLogger metrics.csv -> (step, metric, value) rows. A resumed run appends
     to the file, so steps redone after a crash appear twice: the later row wins."""
-    wide = pd.read_csv(path)
-    if "step" not in wide.columns:
-        raise ValueError(f"{path} has no 'step' column; expected a Lightning CSVLogger file")
+    wide = read_table(path, numeric=None, text=["step"])  # every column a number
     long = wide.drop(columns=[c for c in ("epoch",) if c in wide]).melt(
         id_vars="step", var_name="metric", value_name="value"
     )
@@ -178,7 +177,7 @@ def load_probes(root: str | Path) -> pd.DataFrame:
             data = run_settings(run_dir)["data"]
             reset, mask = _toggle(data, "reset_position_ids"), _toggle(data, "document_mask")
             frames.append(
-                pd.read_csv(path).assign(
+                read_table(path, numeric=["length", "depth", "accuracy"]).assign(
                     run=str(run_dir.relative_to(root)),
                     variant=arm_label(reset, mask),
                     reset_position_ids=reset,

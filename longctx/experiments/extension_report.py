@@ -27,6 +27,7 @@ import pandas as pd
 from longctx.cli import command
 from longctx.eval.long_documents import octave_starts
 from longctx.experiments import statistics as st
+from longctx.experiments.runs import read_json_file, read_table
 
 ARM_KEY = "rope_arm="
 BASELINE = "unchanged"
@@ -48,7 +49,7 @@ def arm_results(folder: Path) -> dict:
             f"{summary_path} is missing; run python -m longctx.eval "
             f"{folder}/checkpoints/last.ckpt first"
         )
-    summary = json.loads(summary_path.read_text())
+    summary = read_json_file(summary_path, "an eval summary (eval.json)")
     row = {"arm": arm_name(folder), "seq_len": summary["seq_len"]}
     row |= {f"loss_{r['multiple']}x": r["loss"] for r in summary["long_documents"]}
     for cell in pd.DataFrame(summary.get("passkey", [])).groupby("length", as_index=False):
@@ -60,7 +61,8 @@ def arm_results(folder: Path) -> dict:
 def octave_sums(folder: Path, seq_len: int, multiple: int) -> pd.DataFrame:
     """Per document: the loss sum over the octave [m L/2, m L) and its tokens, as the arm's
     evaluation scored them (longctx.eval.long_documents.octave_starts)."""
-    records = pd.read_csv(folder / "eval" / "long_documents_by_octave.csv")
+    records = read_table(folder / "eval" / "long_documents_by_octave.csv", text=["doc"],
+                         numeric=["bucket_start", "loss_sum", "tokens"])  # fmt: skip
     octave = records[records["bucket_start"] == octave_starts(seq_len, multiple)[-1]]
     return octave.groupby("doc")[["loss_sum", "tokens"]].sum()
 
@@ -194,7 +196,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 def pooled_curve(folders: list[Path]) -> pd.DataFrame:
     """The arm's per-position curve over all its seeds' documents."""
-    records = pd.concat([pd.read_csv(f / "eval" / "long_documents.csv") for f in folders])
+    records = pd.concat([read_table(f / "eval" / "long_documents.csv",
+                                    numeric=["bucket_start", "loss_sum", "tokens"])
+                         for f in folders])  # fmt: skip
     sums = records.groupby("bucket_start")[["loss_sum", "tokens"]].sum()
     return (sums["loss_sum"] / sums["tokens"]).rename("loss").reset_index()
 

@@ -67,7 +67,7 @@ def _bool(value) -> bool:
 def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
     """One row per (run, instance): arm, seed, run, train_len, task, length, depth, sample,
     score (results written before generation scoring: their teacher-forced ``correct``)."""
-    from longctx.experiments.runs import find_runs, run_settings
+    from longctx.experiments.runs import find_runs, read_table, run_settings
 
     if arm_by not in ARM_BY:
         raise ValueError(f"--arm-by {arm_by!r}; expected one of {ARM_BY}")
@@ -76,12 +76,11 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
         path = next((folder / r for r in RESULTS if (folder / r).is_file()), None)
         if path is None:
             continue  # a run the suite did not score (stage 1 of a recipe, say)
-        rows = pd.read_csv(path)
+        rows = read_table(path, numeric=["length", "depth", "sample", "score"], text=["task"])
         if "step" in rows:  # the callback's: every validation, the instance seed per row
             rows = rows[rows["step"] == rows["step"].max()]
         else:  # the CLI's: the instance seed is in its ruler.json
-            settings = json.loads((path.parent / "ruler.json").read_text())["settings"]
-            rows = rows.assign(seed=settings["instance_seed"])
+            rows = rows.assign(seed=instance_seed(path.parent / "ruler.json"))
         settings = run_settings(folder)
         frames.append(rows.assign(arm=arm_of(folder, settings, arm_by),
                                   seed_train=settings["run"].get("seed"),
@@ -92,6 +91,21 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
             f"no run folder under {root} holds {' or '.join(map(str, RESULTS))}"
         )
     return pd.concat(frames, ignore_index=True)
+
+
+def instance_seed(path: Path) -> int:
+    """The instance seed the CLI's ruler.json records (settings.instance_seed)."""
+    from longctx.experiments.runs import read_json_file
+
+    summary = read_json_file(path, "the suite's ruler.json")
+    settings = summary.get("settings") if isinstance(summary, dict) else None
+    seed = settings.get("instance_seed") if isinstance(settings, dict) else None
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(
+            f"{path} has no integer settings.instance_seed ({seed!r}); expected the ruler.json "
+            "python -m longctx.eval --suite ruler writes"
+        )
+    return seed
 
 
 def arm_sample(frame: pd.DataFrame) -> st.ArmSample:

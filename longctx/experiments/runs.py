@@ -6,7 +6,12 @@ the reports read alike."""
 
 from __future__ import annotations
 
+import json
+import zlib
+from collections.abc import Sequence
 from pathlib import Path
+
+import pandas as pd
 
 from longctx.runs.folder import CHECKPOINTS, is_run_folder
 from longctx.runs.record import read_record_file, read_stored_run
@@ -60,3 +65,51 @@ def run_settings(run_dir: Path) -> dict:
 
 def run_name(run_dir: Path, root: Path) -> str:
     return str(run_dir.relative_to(root)) if run_dir != root else run_dir.name
+
+
+def read_table(
+    path: Path, numeric: Sequence[str] | None = (), text: Sequence[str] = ()
+) -> pd.DataFrame:
+    """A CSV a report reads (gzipped when its name ends .gz), with the ``numeric`` columns it
+    computes with holding numbers (None: every column) and the ``text`` columns it groups by
+    present: a file that
+    cannot be read (a damaged gzip archive, not CSV), a column missing, or a value that is not a
+    number is one line naming the file and the column, not a traceback in the middle of a
+    report."""
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, EOFError, zlib.error, ValueError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"{path} cannot be read as {'a gzip-compressed ' if path.suffix == '.gz' else 'a '}"
+            f"CSV table ({type(err).__name__}: {' '.join(str(err).split())[:200]}); expected "
+            "the file as longctx wrote it"
+        ) from None
+    numeric = list(frame.columns) if numeric is None else numeric
+    for column in (*numeric, *text):
+        if column not in frame.columns:
+            raise ValueError(
+                f"{path} has no {column!r} column (columns {list(frame.columns)[:8]}); expected "
+                "the file as longctx wrote it"
+            )
+    for column in numeric:
+        values = pd.to_numeric(frame[column], errors="coerce")
+        bad = frame[column][values.isna() & frame[column].notna()]
+        if len(bad):
+            raise ValueError(
+                f"{path}: column {column!r} holds {bad.iloc[0]!r} (row {bad.index[0] + 2}), not "
+                "a number; expected the file as longctx wrote it"
+            )
+        frame[column] = values
+    return frame
+
+
+def read_json_file(path: Path, what: str) -> object:
+    """A JSON file a report reads: unreadable, not JSON or nested too deep is one line naming
+    it (``what``: the file's role, for the message)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise ValueError(
+            f"{path} cannot be read as {what} ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:200]}); expected the file as longctx wrote it"
+        ) from None

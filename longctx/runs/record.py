@@ -142,7 +142,7 @@ def read_record_file(path: str | Path) -> dict:
     path = Path(path)
     try:
         record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise RecordError(f"{path} is not a readable run record ({err}); expected JSON") from err
     validated_config(record, path, None, "the record longctx.experiments.archive writes")
     return record
