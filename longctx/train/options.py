@@ -1,25 +1,31 @@
 """Rules of the composed config as a whole, checked before the run folder is written.
 
 Each typed config checks its own fields (the model's, the data's, the planner's); what no owner
-sees is checked here: a non-finite float anywhere (an optimizer's lr, a callback's setting that
-is handed to a constructor untyped), and settings that only make sense together (the stages
-and ``trainer.max_steps``; ``model.init_from`` and a resumed checkpoint).
+sees is checked here, on the config as resolved: a non-finite float anywhere (an optimizer's lr,
+a callback's setting that is handed to a constructor untyped), a number of another kind than
+its target's parameter takes, and settings that only make sense together (the stages and
+``trainer.max_steps``; ``model.init_from`` and a resumed checkpoint).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import types
+import typing
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
+from hydra._internal.utils import _locate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from longctx import planner
 
 
 def non_finite_options(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
-    """(dotted key, value) of every NaN or infinite float in a plain config tree. Interpolations
-    are left as written (strings): the literal they point at is checked where it is."""
+    """(dotted key, value) of every NaN or infinite float in a plain config tree (a resolved
+    one: what an interpolation such as ``${oc.decode:"inf"}`` gives is checked as typed)."""
     if isinstance(node, dict):
         for key, value in node.items():
             yield from non_finite_options(value, f"{prefix}{key}.")
@@ -30,13 +36,112 @@ def non_finite_options(node: Any, prefix: str = "") -> Iterator[tuple[str, float
         yield prefix[:-1], node
 
 
-def check_finite(cfg: DictConfig) -> None:
-    """Every float in the config is finite: NaN passes every ``value <= 0`` check and trains to
-    a NaN checkpoint; an infinite lr or clip is no setting either."""
-    found = list(non_finite_options(OmegaConf.to_container(cfg, resolve=False)))
+def mistyped_options(node: Any, prefix: str = "") -> Iterator[str]:
+    """What is wrong with each ``_target_`` node of a plain config tree: a target that cannot be
+    imported, or a number of the wrong kind for what the target takes (``1.5`` where its
+    parameter is an int, ``'inf'`` where it is a float), by the target's own type hints."""
+    if isinstance(node, dict):
+        if "_target_" in node:
+            yield from target_mismatches(node, prefix)
+        for key, value in node.items():
+            yield from mistyped_options(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from mistyped_options(value, f"{prefix[:-1]}[{i}].")
+
+
+def target_mismatches(node: dict, prefix: str) -> Iterator[str]:
+    name = node["_target_"]
+    try:
+        target = _locate(name)  # what instantiate uses (hydra.utils.get_object also logs)
+    except (ImportError, ValueError) as err:
+        reason = str(err).splitlines()[-1] if str(err) else type(err).__name__
+        yield (
+            f"{prefix}_target_={name!r} cannot be imported ({reason}); expected the dotted "
+            "path of a class or function"
+        )
+        return
+    hints = parameter_hints(target)
+    for key, value in node.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            continue  # said as not finite
+        if key in hints and (expected := number_expected(value, hints[key])):
+            yield f"{prefix}{key}={value!r}; expected {expected} ({name}'s {key})"
+
+
+def parameter_hints(target: Any) -> dict[str, Any]:
+    """The type hints of what ``target`` is called with (a class: its constructor's); none where
+    they cannot be read (a hint naming what only a type checker imports): unchecked, not
+    refused."""
+    try:
+        return typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+    except Exception:  # get_type_hints evaluates a library's annotations: any error may come
+        return {}
+
+
+def number_expected(value: Any, hint: Any) -> str | None:
+    """What ``value`` should have been where a parameter hinted ``hint`` takes numbers only (an
+    int, a float, optionally None; a list of them): None when it is that, or when the hint
+    takes more than numbers (a str, a class: the target's own checks apply)."""
+    arms = set(typing.get_args(hint)) if _is_union(hint) else {hint}
+    if value is None and type(None) in arms:
+        return None
+    arms -= {type(None), torch.Tensor}  # a config holds no tensor (torch's optimizers take one)
+    if arms == {int}:
+        return None if _is_int(value) else "an int"
+    if arms and arms <= {int, float}:
+        return None if _is_number(value) else "a number"
+    if len(arms) == 1 and isinstance(value, list):
+        (arm,) = arms
+        if typing.get_origin(arm) in (list, tuple, Sequence) and typing.get_args(arm):
+            item = typing.get_args(arm)[0]
+            wrong = next((e for v in value if (e := number_expected(v, item))), None)
+            return wrong and f"a list whose every entry is {wrong}"
+    return None
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def resolved(cfg: DictConfig) -> dict:
+    """The config with every interpolation resolved, as the run will use it; one that cannot
+    be resolved is refused naming its key."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        root = err
+        while (inner := root.__cause__ or root.__context__) is not None:
+            root = inner
+        if not isinstance(root, OmegaConfBaseException):
+            if isinstance(root, ValueError):  # a resolver's refusal says it all
+                raise ValueError(str(root)) from err
+            raise  # a resolver's bug keeps its traceback
+        reason = str(err).splitlines()[0]  # OmegaConf adds the key and node type below
+        raise ValueError(f"{err.full_key}: {reason}; expected a value that resolves") from err
+
+
+def check_numbers(cfg: DictConfig) -> None:
+    """Every number of the resolved config, however it arrived (typed, through an
+    interpolation, from an experiment file): every float finite (NaN passes every
+    ``value <= 0`` check and trains to a NaN checkpoint; an infinite warm-up trains at lr 0),
+    and every number the kind its target takes (an int option given 1.5 or nan is no count)."""
+    tree = resolved(cfg)
+    found = [
+        f"{key}={value}: not a finite number; expected a finite value"
+        for key, value in non_finite_options(tree)
+    ]
+    found += mistyped_options(tree)
     if found:
-        listed = ", ".join(f"{key}={value}" for key, value in found)
-        raise ValueError(f"{listed}: not a finite number; expected a finite value")
+        raise ValueError("; ".join(found))
 
 
 def check_planner(cfg: DictConfig) -> planner.PlannerSettings:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
@@ -21,13 +22,22 @@ from longctx.distributed.layout import ParallelConfig, world_size
 from longctx.distributed.slurm import check_allocation, check_master_address
 from longctx.model.attention import get_backend, resolve_backend
 from longctx.model.interface import ModelSpec
-from longctx.train.options import check_finite, check_planner, unreached_stages
+from longctx.train.options import check_numbers, check_planner, unreached_stages
 
 # keys that moved: an old command line gets the new name instead of a Hydra struct error
 MOVED_KEYS = {
     "trainer.context_parallel": "parallel.context_parallel",
     "trainer.context_parallel_rounds": "parallel.context_parallel_rounds",
     "trainer.device_memory_gb": "planner.device_memory_gb",
+}
+
+
+# Lightning's own clipping and accumulation: the module optimizes manually (its step clips and
+# accumulates, longctx.train.module), which Lightning refuses to combine with these
+LONGCTX_OWNED_KEYS = {
+    "trainer.gradient_clip_val": "optim.grad_clip",
+    "trainer.gradient_clip_algorithm": "optim.grad_clip (the gradient norm)",
+    "trainer.accumulate_grad_batches": "optim.accumulate_grad_batches",
 }
 
 
@@ -50,10 +60,17 @@ def check_moved_overrides(overrides: Sequence[str]) -> None:
 
 
 def check_moved_keys(cfg: DictConfig) -> None:
-    """The same for a composed config (an experiment file or a ``+key=`` that sets one)."""
+    """The same for a composed config (an experiment file or a ``+key=`` that sets one), and
+    Lightning settings that longctx's training step does itself."""
     for key in MOVED_KEYS:
         if (value := OmegaConf.select(cfg, key)) is not None:
             raise moved_key_error(key, value)
+    for key, own in LONGCTX_OWNED_KEYS.items():
+        if (value := OmegaConf.select(cfg, key)) is not None:
+            raise ConfigError(
+                f"{key}={value}: longctx's training step does this itself (Lightning's cannot "
+                f"run with it); set {own} instead"
+            )
 
 
 def instantiate_config(group: str, node: DictConfig):
@@ -71,8 +88,20 @@ def check_callbacks(cfg: DictConfig) -> None:
     factor=0, say) here, named callbacks.<name>, not in a Hydra traceback once data is ready.
     The constructors only store and check their settings, so building them twice is free."""
     for name, node in (cfg.get("callbacks") or {}).items():
-        if node is not None:
-            instantiate_config(f"callbacks.{name}", node)
+        if node is None:
+            continue  # callbacks.<name>=null drops a default one
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            raise ConfigError(
+                f"callbacks.{name} has no _target_ ({node}); expected "
+                f"callbacks.{name}._target_=<a Lightning callback class>, or "
+                f"callbacks.{name}=null to drop it"
+            )
+        callback = instantiate_config(f"callbacks.{name}", node)
+        if not isinstance(callback, Callback):
+            raise ConfigError(
+                f"callbacks.{name}._target_={node._target_} is not a Lightning callback "
+                f"({type(callback).__name__}); expected a lightning.pytorch.Callback"
+            )
 
 
 def training_device(trainer_cfg: DictConfig) -> torch.device:
@@ -216,7 +245,7 @@ def preflight(
     """Every check that needs no data and no allocation; returns the training device."""
     check_moved_keys(cfg)
     try:
-        check_finite(cfg)
+        check_numbers(cfg)
         check_planner(cfg)
     except ValueError as err:
         raise ConfigError(str(err)) from err

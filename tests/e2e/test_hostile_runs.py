@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
 import torch
-from helpers import FAST, read_metrics, run_train
+from helpers import FAST, read_metrics, run_train, write_run_record
 
 # ------------------------------------------------------------------ through train.py
 # Lightning's messages that do not apply to a longctx run (longctx.train.console)
@@ -92,3 +93,28 @@ def test_a_nan_step_is_skipped_then_a_second_stops_the_run_keeping_the_checkpoin
         assert torch.isfinite(tensor).all() and torch.equal(tensor, step2["state_dict"][name])
     assert last["longctx"]["nonfinite_skipped"] == 1
     assert steps_of(read_metrics(checkpoints.parent), "train/loss") == [1, 2, 3]
+
+
+# ------------------------------------------------------------------ config mistakes: one line
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (
+            ["optim.scheduler._target_=longctx.train.module.warmup_cosine"],
+            "error: optim.scheduler._target_='longctx.train.module.warmup_cosine' cannot be "
+            "imported",
+        ),
+        (
+            ["+trainer.gradient_clip_val=1.0"],
+            "error: trainer.gradient_clip_val=1.0: longctx's training step does this itself",
+        ),
+    ],
+)
+def test_a_config_mistake_in_a_resume_is_one_line_before_anything_runs(overrides, said, tmp_path):
+    """Each was a traceback (tests/unit/test_hostile_inputs.py has the others, in process)."""
+    last = write_run_record(tmp_path / "outputs" / "train" / "r", {}) / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    proc = run_train([*FAST, "run_name=r", "ckpt_path=last", *overrides], tmp_path, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(said), proc.stderr[-2000:]
+    assert last.read_bytes() == before  # the run's checkpoint is untouched

@@ -20,7 +20,7 @@ from longctx import planner
 from longctx.data import DataConfig, LongCtxDataModule
 from longctx.data.config import Stage
 from longctx.model import Llama, LlamaConfig
-from longctx.train.app import run
+from longctx.train.app import main, run
 from longctx.train.init_from import InitFromError, load_init_weights, resolve
 from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStep
 from longctx.train.options import (
@@ -59,6 +59,82 @@ def test_bad_numbers_are_refused_before_training(override, names, tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+# what the command line cannot show as a number: an interpolation resolves to one only when read
+INF, NAN = '${oc.decode:"inf"}', '${oc.decode:"nan"}'
+RULER = [
+    "callbacks=ruler",
+    "callbacks.ruler.tasks=[niah_single_1]",
+    "callbacks.ruler.lengths=[256]",
+]
+
+
+@pytest.mark.parametrize(
+    "overrides, names",
+    [
+        ([f"optim.scheduler.warmup_steps={INF}"], "optim.scheduler.warmup_steps=inf: not a finite"),
+        ([f"optim.optimizer.eps={INF}"], "optim.optimizer.eps=inf: not a finite number"),
+        (
+            [*RULER, f"callbacks.ruler.every_n_validations={NAN}"],
+            "callbacks.ruler.every_n_validations=nan: not a finite number",
+        ),
+        # an int option given another number; a float option given a string
+        (
+            ["optim.scheduler.warmup_steps=1.5"],
+            "optim.scheduler.warmup_steps=1.5; expected an int "
+            "(longctx.train.module.warmup_cosine_schedule's warmup_steps)",
+        ),
+        (["trainer.max_steps=2.5"], "trainer.max_steps=2.5; expected an int"),
+        (["trainer.max_steps=true"], "trainer.max_steps=True; expected an int"),
+        (["optim.optimizer.lr='inf'"], "optim.optimizer.lr='inf'; expected a number"),
+        (["optim.optimizer.betas=[0.9,'x']"], "betas=[0.9, 'x']; expected a list whose every"),
+        (
+            [*RULER, "callbacks.ruler.every_n_validations=1.5"],
+            "callbacks.ruler.every_n_validations=1.5; expected an int",
+        ),
+        ([*RULER, "callbacks.ruler.batch_size=1.5"], "callbacks.ruler.batch_size=1.5; expected an"),
+        ([*RULER, "callbacks.ruler.batch_size=0"], "callbacks.ruler: batch_size=0; expected a pos"),
+        ([*RULER, "callbacks.ruler.batch_size=-1"], "callbacks.ruler: batch_size=-1; expected a"),
+        ([*RULER, "callbacks.ruler.samples=0"], "callbacks.ruler: samples=0; expected a positive"),
+        (["optim.optimizer.lr=${nope}"], "optim.optimizer.lr: Interpolation key 'nope' not found"),
+    ],
+)
+def test_numbers_are_checked_as_resolved_however_they_arrive(overrides, names, tmp_path):
+    """Every number of the resolved config, before anything trains: one that arrives through an
+    interpolation is checked as one typed in (an infinite warm-up trained at lr 0; a NaN
+    every_n_validations turned the suite off), and an int option takes only an int (1.5 ran
+    the suite at every third validation)."""
+    cfg = compose([*FAST, *overrides], output_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match=re.escape(names)):
+        run(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("optim.optimizer.lr='inf'", "error: optim.optimizer.lr='inf'; expected a number"),
+        ("+callbacks.extra.every_n=2", "error: callbacks.extra has no _target_ ({'every_n': 2})"),
+        (
+            "+callbacks.extra._target_=builtins.dict",
+            "error: callbacks.extra._target_=builtins.dict",
+        ),
+        (
+            "+trainer.accumulate_grad_batches=2",
+            "error: trainer.accumulate_grad_batches=2: longctx's training step does this itself "
+            "(Lightning's cannot run with it); set optim.accumulate_grad_batches instead",
+        ),
+    ],
+)
+def test_config_mistakes_that_were_tracebacks_are_one_line(override, said, tmp_path, capsys):
+    """train.py's entry (longctx.train.app.main) with what Lightning, torch or Hydra raised
+    tracebacks for; tests/e2e/test_hostile_runs.py runs train.py itself for two more."""
+    with pytest.raises(SystemExit) as stopped:
+        main(compose([*FAST, override], output_dir=tmp_path / "run"))
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(said), err
+
+
 def test_the_typed_configs_refuse_non_finite_fields():
     for field in ("rope_theta", "norm_eps", "init_std"):
         with pytest.raises(ValueError, match=f"{field}=nan; expected a finite number"):
@@ -75,7 +151,7 @@ def test_the_typed_configs_refuse_non_finite_fields():
         planner.Device("gpu", 10**9, float("nan"), 0, "")
     assert list(non_finite_options({"a": [1.0, {"b": float("-inf")}], "c": "nan"})) == [
         ("a[1].b", float("-inf"))
-    ]  # the string "nan" is a string; an interpolation is checked where it points
+    ]  # the string "nan" is a string; the tree walked is the resolved config
 
 
 def test_llama3_keeps_its_original_length_and_yarn_needs_one():
