@@ -190,10 +190,17 @@ def config_subdir(run_dir: str) -> str:
     user's: kept)."""
     note_before_hydra(Path(run_dir))
     base = Path(run_dir) / HYDRA_DIR
-    if not (base / "config.yaml").exists():
+    if base.is_symlink():  # Hydra would write its config into the link's target
+        raise RunFolderRefused(
+            f"{base} is a symbolic link (to {os.readlink(base)}); Hydra writes this start's "
+            "config there: remove the link"
+        )
+    # lexists: Hydra opens the config files for writing, so a link (even a dangling one) there
+    # must not be picked: a fresh restart-N folder is
+    if not os.path.lexists(base / "config.yaml"):
         return HYDRA_DIR
     n = 1
-    while (base / f"restart-{n}").exists():
+    while os.path.lexists(base / f"restart-{n}"):
         n += 1
     return f"{HYDRA_DIR}/restart-{n}"
 

@@ -75,6 +75,14 @@ class NoteRunFolder(Callback):
         note_before_hydra(Path(config.hydra.run.dir))
 
 
+def config_subdir_or_exit(run_dir: str) -> str:
+    """``hydra.output_subdir``; a refusal said in one line (exit 2), not as Hydra's traceback."""
+    try:
+        return config_subdir(run_dir)
+    except ValueError as err:  # a refused folder
+        exit_on_user_error(err)
+
+
 def required_value(key: str, hint: str = "") -> None:
     """``${longctx_required:key,hint}``: a value the command line must set. (A ``???`` in a
     config group option is lost when that option is merged over a default that sets it.)"""
@@ -89,7 +97,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("longctx_run_dir", run_dir_or_exit, use_cache=True)
     if not OmegaConf.has_resolver("longctx_config_subdir"):
         # cached: decided once per start, before Hydra writes the config it names
-        OmegaConf.register_new_resolver("longctx_config_subdir", config_subdir, use_cache=True)
+        OmegaConf.register_new_resolver(
+            "longctx_config_subdir", config_subdir_or_exit, use_cache=True
+        )
     if not OmegaConf.has_resolver("longctx_sweep_subdir"):
         OmegaConf.register_new_resolver("longctx_sweep_subdir", sweep_subdir)
     if not OmegaConf.has_resolver("longctx_slurm_nodes"):

@@ -92,6 +92,21 @@ def test_later_starts_keep_the_first_config(tmp_path):
     assert config_subdir(str(tmp_path)) == ".hydra/restart-2"
 
 
+def test_hydra_never_writes_its_config_through_a_link(tmp_path):
+    """Hydra opens .hydra/config.yaml for writing: a dangling link there once made it create the
+    file the link named; a linked .hydra had it write into the link's target."""
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").symlink_to(tmp_path / "outside.yaml")
+    assert config_subdir(str(tmp_path)) == ".hydra/restart-1"
+    (tmp_path / ".hydra" / "restart-1").symlink_to(tmp_path / "nowhere")
+    assert config_subdir(str(tmp_path)) == ".hydra/restart-2"
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / ".hydra").symlink_to(tmp_path / ".hydra")
+    with pytest.raises(ValueError, match=r"linked/\.hydra is a symbolic link"):
+        config_subdir(str(linked))
+
+
 # ------------------------------------------------------------------------ checkpoints
 def test_an_unreadable_last_checkpoint_falls_back_and_says_so(tmp_path):
     checkpoints = tmp_path / "checkpoints"
