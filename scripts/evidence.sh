@@ -31,6 +31,10 @@ ROOT="${1:-outputs/evidence}"
 shift || true
 PARTS="${*:-control position extension}"
 source scripts/checks.sh
+seeds() {  # NAME VALUE: one or more non-negative integers, space-separated
+  [[ "$2" =~ ^[[:space:]]*[0-9]+([[:space:]]+[0-9]+)*[[:space:]]*$ ]] ||
+    { echo "error: $1=$2; expected seeds, non-negative integers separated by spaces (\"0 1 2\")" >&2; exit 2; }
+}
 SMOKE="${SMOKE:-0}"
 one_of SMOKE "$SMOKE" 0 1
 if [ "$SMOKE" = 1 ]; then  # every size tiny: proves the pipeline, measures nothing
@@ -44,6 +48,13 @@ SEQ2="${SEQ2:-2048}" STEPS2="${STEPS2:-600}" ROWS2="${ROWS2:-2}" SAMPLES="${SAMP
 DOCS1="${MIX_DOCUMENTS:-20000}" DOCS2="${MIX_DOCUMENTS:-4000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
 OUT_DIR="${OUT_DIR:-docs/evidence}" CONTROL_ARMS="${CONTROL_ARMS:-ruler_control ruler_control_nomix}"
 ANSWER_DOCS="${ANSWER_DOCS:-64}" ARCHIVE="$OUT_DIR/runs"
+# every number checked before one is used (a LENGTHS default is arithmetic on SEQ1 and SEQ2)
+for var in SEQ1 STEPS1 SEQ2 STEPS2 ROWS2 SAMPLES DOCS1 DOCS2 PARALLEL ANSWER_DOCS; do
+  positive_int "$var" "${!var}"
+done
+seeds SEEDS "$SEEDS"
+seeds INSTANCE_SEED "$INSTANCE_SEED"
+[ "$(wc -w <<< "$INSTANCE_SEED")" = 1 ] || { echo "error: INSTANCE_SEED=$INSTANCE_SEED; expected one seed" >&2; exit 2; }
 # RULER's tasks that need no --qa-data (a length below a task's minimum is skipped and said),
 # and longctx's own needles, which fit the control's 256 tokens
 EVAL_TASKS="${EVAL_TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe,lc_passkey,lc_niah_single,lc_niah_multikey}"
@@ -52,9 +63,8 @@ EVAL_TASKS="${EVAL_TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multike
 LENGTHS1="${LENGTHS1:-$SEQ1 $(( 2 * SEQ1 )) $(( 4 * SEQ1 ))}"
 LENGTHS2="${LENGTHS2:-$SEQ1 $(( SEQ2 / 4 )) $(( SEQ2 / 2 )) $SEQ2 $(( 2 * SEQ2 ))}"
 OOD="ood_ledger,ood_locker,ood_relay,ood_echo"
-for var in SEQ1 STEPS1 SEQ2 STEPS2 ROWS2 SAMPLES DOCS1 DOCS2 PARALLEL ANSWER_DOCS; do
-  positive_int "$var" "${!var}"
-done
+for n in $LENGTHS1; do positive_int LENGTHS1 "$n"; done
+for n in $LENGTHS2; do positive_int LENGTHS2 "$n"; done
 for part in $PARTS; do one_of PART "$part" control position extension; done
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true OMP_NUM_THREADS=1

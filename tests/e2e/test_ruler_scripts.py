@@ -69,7 +69,9 @@ def test_the_position_ablation_rerun_scores_every_arm_and_seed(tmp_path):
     "script, setting",
     [("position_ablation.sh", "ROWS=0"), ("position_ablation.sh", "VAL_EVERY=nan"),
      ("position_ablation.sh", "INIT_FROM=/no/such/run"), ("context_extension.sh", "ROWS2=-1"),
-     ("context_extension.sh", "STAGE1=/no/such/run"), ("ruler_control.sh", "PARALLEL=2")],
+     ("context_extension.sh", "STAGE1=/no/such/run"), ("ruler_control.sh", "PARALLEL=2"),
+     ("evidence.sh", "SEEDS=abc"), ("evidence.sh", "SEEDS=0 -1"), ("evidence.sh", "SEQ1=abc"),
+     ("evidence.sh", "INSTANCE_SEED=x")],
 )  # fmt: skip
 def test_a_bad_setting_is_refused_in_one_line_before_anything_is_written(tmp_path, script, setting):
     name, value = setting.split("=", 1)
