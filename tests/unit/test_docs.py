@@ -250,3 +250,21 @@ def test_slug_follows_github(heading, expected):
 
 def test_duplicate_headings_are_numbered():
     assert anchors("# Usage\n## Usage\n### Usage\n") == {"usage", "usage-1", "usage-2"}
+
+
+def test_every_config_overrides_override_the_docs_show_composes():
+    """The docs showed ``model.config_overrides={...}``, which Hydra refuses over the preset's
+    empty dict; every ``model.config_overrides`` override quoted in a page composes."""
+    from helpers import compose
+
+    root = repo_root()
+    shown = [
+        span.strip("'")
+        for page in pages(root)
+        for _, span in INLINE_CODE.findall(page.read_text())
+        if re.match(r"'?\+?model\.config_overrides\S*=", span)
+    ]
+    assert shown, "no model.config_overrides override in the docs"
+    for override in shown:
+        cfg = compose(["model=hf", "model.path=/nowhere", override])
+        assert cfg.model.config_overrides, override
