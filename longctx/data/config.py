@@ -82,6 +82,55 @@ class Synthesized:
             raise ValueError(f"DataConfig.{where}: {err}") from err
 
 
+@dataclasses.dataclass(frozen=True)
+class MqarCorpus:
+    """A ``data.shards`` entry ``{mqar: {...}}``: an MQAR corpus (python -m
+    longctx.data.mqar_corpus, whose options these are), written into the cache on first use;
+    the same settings read the same folder."""
+
+    documents: int
+    seed: int = 0
+    num_keys: int = 512
+    num_values: int = 512
+    min_pairs: int = 2
+    max_pairs: int = 32
+    slot_ratio: float = 1.5
+    val_documents: int = 200
+
+    def __post_init__(self) -> None:
+        self.spec()  # the owner's checks (longctx.synthetic.mqar)
+        for name in ("documents", "seed", "val_documents"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < (name == "documents")
+            ):
+                raise ValueError(
+                    f"data.shards mqar {name}={value!r}; expected an int >= {int(name == 'documents')}"
+                )
+
+    def spec(self):
+        from longctx.synthetic.mqar import MqarSpec, MqarVocab
+
+        vocab = MqarVocab(self.num_keys, self.num_values)
+        return MqarSpec(vocab, self.min_pairs, self.max_pairs, self.slot_ratio)
+
+    @classmethod
+    def from_entry(cls, entry: dict, where: str) -> MqarCorpus:
+        settings = entry["mqar"]
+        fields = [f.name for f in dataclasses.fields(cls)]
+        if len(entry) != 1 or not isinstance(settings, dict) or set(settings) - set(fields):
+            raise ValueError(
+                f"DataConfig.{where}={entry!r}; expected {{mqar: {{...}}}} with keys among "
+                f"{', '.join(fields)}"
+            )
+        try:
+            return cls(**settings)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"DataConfig.{where}: {err}") from err
+
+
 LOSS_TOKENS = ("all", "answers")
 
 
@@ -89,7 +138,7 @@ LOSS_TOKENS = ("all", "answers")
 class DataConfig:
     # prepared folders, the name "embedded" among them standing for the embedded corpus, and
     # synthesized mixes named by their settings (Synthesized); None -> the embedded corpus alone
-    shards: list[str | Synthesized] | None = None
+    shards: list[str | Synthesized | MqarCorpus] | None = None
     weights: list[float] | None = None  # mixing weights, one per folder
     seq_len: int = 2048
     packer: str = "best_fit"  # "concat_chunk" | "best_fit"
@@ -225,11 +274,13 @@ def _stages(stages: Any) -> list[Stage] | None:
     return out or None
 
 
-def _shard(entry: Any, where: str) -> str | Synthesized:
+def _shard(entry: Any, where: str) -> str | Synthesized | MqarCorpus:
     """A folder (or 'embedded') as given; a mapping (Hydra's form of a node) as Synthesized."""
+    if isinstance(entry, dict) and "mqar" in entry:
+        return MqarCorpus.from_entry(entry, where)
     if isinstance(entry, dict):
         return Synthesized.from_entry(entry, where)
-    if not isinstance(entry, str | os.PathLike | Synthesized):
+    if not isinstance(entry, str | os.PathLike | Synthesized | MqarCorpus):
         raise ValueError(
             f"DataConfig.{where}={entry!r}; expected a folder, 'embedded', or the settings of a "
             "synthesized mix"

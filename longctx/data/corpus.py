@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from longctx.data.config import Synthesized
+from longctx.data.config import MqarCorpus, Synthesized
 from longctx.data.prepare import prepare
 from longctx.data.shards import MANIFEST_NAME, load_manifest
 from longctx.io import atomic_write_bytes
@@ -175,6 +175,8 @@ def shard_folder(entry, cache_dir: str | Path | None = None, tokenizer: str | No
     folder. ``tokenizer``: the run's data.tokenizer."""
     if isinstance(entry, Synthesized):
         return synthesized_dir(entry, cache_dir, default_tokenizer=tokenizer)
+    if isinstance(entry, MqarCorpus):
+        return mqar_dir(entry, cache_dir)
     if entry == EMBEDDED:
         return default_corpus_dir(cache_dir, tokenizer=tokenizer)
     return Path(entry)
@@ -214,6 +216,29 @@ def synthesized_dir(
                 flush=True,
             )
         _check_synthesized(out, settings)
+    return out
+
+
+def mqar_dir(corpus: MqarCorpus, cache_dir: str | Path | None = None) -> Path:
+    """The folder of an MQAR corpus (a ``data.shards`` entry named by its settings) in the
+    cache, written once (under a lock) if needed."""
+    from longctx.data.mqar_corpus import write_corpus
+
+    settings = dataclasses.asdict(corpus)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    name = f"mqar_s{corpus.seed}_{digest}"
+    with _cache_lock(cache_dir, name) as out:
+        for stale in out.parent.glob(f".{name}.*.partial"):  # a write killed midway
+            shutil.rmtree(stale, ignore_errors=True)
+        if not (out / MANIFEST_NAME).is_file():
+            manifest = write_corpus(
+                out, corpus.spec(), corpus.documents, corpus.seed, corpus.val_documents
+            )
+            train = manifest.splits["train"]
+            print(f"wrote {train.documents} MQAR documents ({train.tokens} tokens) into {out}")
+        recorded = load_manifest(out).sources
+        if len(recorded) != 1 or recorded[0].get("spec") != dataclasses.asdict(corpus.spec()):
+            raise ValueError(f"{out} holds another MQAR corpus ({recorded}); remove it")
     return out
 
 

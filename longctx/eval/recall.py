@@ -35,6 +35,7 @@ class RecallRow:
     docs: tuple[MqarDocument, ...]
     scored: tuple[int, ...]
     length: int
+    target_distance: int | None = None  # the length condition's: its first query's, nominally
 
     def packed(self) -> PackedRow:
         tokens = np.concatenate([d.tokens for d in self.docs])
@@ -104,7 +105,7 @@ def length_document(
 
     lead = max(0, distance - 2 * num_pairs)
     doc = mqar_document(rng, spec.vocab, num_pairs, spec.slots(num_pairs), spec.power_a, lead)
-    return RecallRow("length", (doc,), (0,), len(doc.tokens))
+    return RecallRow("length", (doc,), (0,), len(doc.tokens), distance)
 
 
 def _copy(doc: MqarDocument) -> MqarDocument:
@@ -174,7 +175,8 @@ def _prefix(batch: PackedBatch, n: int) -> PackedBatch:
 
 
 def records(rows: Sequence[RecallRow], predictions: np.ndarray) -> Iterator[dict]:
-    """One record per scored query: condition, row, distance, answer, prediction, correct."""
+    """One record per scored query: condition, row, target distance (length documents),
+    distance, answer, prediction, correct."""
     i = 0
     for r, row in enumerate(rows):
         for distance, answer in zip(row.distances(), row.answers(), strict=True):

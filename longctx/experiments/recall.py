@@ -1,0 +1,166 @@
+"""Score trained runs on held-out MQAR instances (longctx.eval.recall) and write per-instance
+CSVs: the associative-recall study's readout (docs/recall.md).
+
+    python -m longctx.experiments.recall RUN [RUN ...] --out DIR [--generate in_distribution]
+
+Every run is scored on the same instances (drawn from ``--instances-seed``, streams the training
+corpus never uses), read under its own arm (document mask, position ids), at its own row length
+L: ``in_distribution`` and ``interference`` rows of L, ``length`` documents whose queries sit
+past the longest training document, up to 2L. Teacher-forced on every instance; with
+``--generate``, also through greedy generation from the KV cache, and the two must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from longctx.cli import command
+from longctx.eval.cli import load_model
+from longctx.eval.recall import (
+    CONDITIONS,
+    Arm,
+    RecallRow,
+    generated,
+    in_distribution_row,
+    interference_row,
+    length_document,
+    records,
+    teacher_forced,
+)
+from longctx.io import atomic_write_bytes
+from longctx.runs.record import read_stored_run
+from longctx.synthetic.mqar import MqarSpec
+
+EVAL_STREAM = 0x72656361  # the instances' streams: [seed, EVAL_STREAM, condition, i]
+LENGTH_PAIRS = 8  # pairs of a length-condition document
+
+
+def length_distances(spec: MqarSpec, seq_len: int) -> list[int]:
+    """The length condition's first-query distances: inside the training documents, then
+    doubling from past the longest one to 2L."""
+    out, d = [spec.max_doc_len // 2], 2 ** math.ceil(math.log2(spec.max_doc_len + 1))
+    while d <= 2 * seq_len:
+        out.append(d)
+        d *= 2
+    return out
+
+
+def instances(spec: MqarSpec, seq_len: int, seed: int, rows: int, docs: int) -> list[RecallRow]:
+    """``rows`` in-distribution and interference rows of ``seq_len``, and ``docs`` length
+    documents per distance."""
+
+    def rng(condition: int, i: int) -> np.random.Generator:
+        return np.random.default_rng([seed, EVAL_STREAM, condition, i])
+
+    out = [in_distribution_row(rng(0, i), spec, seq_len) for i in range(rows)]
+    out += [interference_row(rng(1, i), spec, seq_len) for i in range(rows)]
+    for j, distance in enumerate(length_distances(spec, seq_len)):
+        out += [
+            length_document(rng(2, j * docs + i), spec, LENGTH_PAIRS, distance) for i in range(docs)
+        ]
+    return out
+
+
+def score_run(run: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
+    stored = read_stored_run(run)
+    model_config, data = stored.model_config(attn_backend="sdpa"), stored.data_config()
+    (corpus,) = data.shards
+    arm = Arm(data.document_mask, data.reset_position_ids)
+    model = load_model(stored, model_config, "cpu")
+    rows = instances(corpus.spec(), data.seq_len, args.instances_seed, args.rows, args.docs)
+    started, out = time.perf_counter(), []
+    for condition in CONDITIONS:
+        mine = [r for r in rows if r.condition == condition]
+        for i, row in enumerate(mine):
+            tf = teacher_forced(model, [row], arm)
+            gen = generated(model, row, arm) if condition in args.generate else None
+            for k, rec in enumerate(records([row], tf)):
+                rec["row"] = i
+                rec["generated"] = "" if gen is None else int(gen[k])
+                if gen is not None and gen[k] != tf[k]:
+                    raise RuntimeError(
+                        f"{run}: {condition} row {i} query {k}: generation gave {gen[k]}, "
+                        f"teacher forcing {tf[k]}; the two paths must agree"
+                    )
+                out.append(rec)
+    meta = {
+        "run": str(run), "seed": stored.identity.get("seed", _seed(stored)),
+        "document_mask": arm.document_mask, "reset_position_ids": arm.reset_position_ids,
+        "seq_len": data.seq_len, "max_doc_len": corpus.spec().max_doc_len,
+        "scoring_seconds": round(time.perf_counter() - started, 1),
+    }  # fmt: skip
+    return [{**meta_cols(meta), **r} for r in out], meta
+
+
+def _seed(stored) -> int | None:
+    return stored.data_config().seed
+
+
+def meta_cols(meta: dict) -> dict:
+    return {k: meta[k] for k in ("seed", "document_mask", "reset_position_ids")}
+
+
+def summary(rows: list[dict]) -> dict:
+    """Accuracy per condition (and per distance for the length condition)."""
+    out: dict = {}
+    for condition in CONDITIONS:
+        mine = [r for r in rows if r["condition"] == condition]
+        if not mine:
+            continue
+        cell = {"accuracy": float(np.mean([r["correct"] for r in mine])), "n": len(mine)}
+        if condition == "length":
+            cell["by_distance"] = {
+                str(d): float(np.mean([r["correct"] for r in mine if r["target_distance"] == d]))
+                for d in sorted({r["target_distance"] for r in mine})
+            }
+        out[condition] = cell
+    return out
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    import io
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_bytes(path, buf.getvalue().encode())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m longctx.experiments.recall", description=__doc__
+    )
+    parser.add_argument("runs", nargs="+", help="run folders or checkpoints")
+    parser.add_argument("--out", required=True, help="folder for <name>.csv and <name>.json")
+    parser.add_argument("--name", default=None, help="default: each run folder's name")
+    parser.add_argument("--instances-seed", type=int, default=0)
+    parser.add_argument("--rows", type=int, default=8, help="rows per packed condition")
+    parser.add_argument("--docs", type=int, default=16, help="length documents per distance")
+    parser.add_argument("--generate", nargs="*", default=[], choices=CONDITIONS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for run in args.runs:
+        rows, meta = score_run(run, args)
+        name = args.name or Path(run).name
+        write_csv(out / f"{name}.csv", rows)
+        result = {**meta, "summary": summary(rows)}
+        atomic_write_bytes(out / f"{name}.json", (json.dumps(result, indent=2) + "\n").encode())
+        print(json.dumps({"run": name, **result["summary"]}))
+
+
+cli = command(main)
+
+if __name__ == "__main__":
+    cli()
