@@ -368,7 +368,7 @@ class RunStart:
             f"is not marked as a longctx run (no {RUN_MARKER}; it holds {shown})"
             if RUN_MARKER not in previous
             else f"has a {RUN_MARKER} that was not made in this folder (copied or moved with a "
-            "run, or not longctx's)"
+            "run, written by a longctx before markers named their folder, or not longctx's)"
         )
         raise RunFolderRefused(
             f"overwrite=true: {self.run} {why}, so nothing was deleted; delete it yourself, or "
