@@ -175,16 +175,18 @@ def _prefix(batch: PackedBatch, n: int) -> PackedBatch:
 
 
 def records(rows: Sequence[RecallRow], predictions: np.ndarray) -> Iterator[dict]:
-    """One record per scored query: condition, row, target distance (length documents),
-    distance, answer, prediction, correct."""
+    """One record per scored query: condition, row, query (its index in the row), target
+    distance (length documents), distance, answer, prediction, correct."""
     i = 0
     for r, row in enumerate(rows):
-        for distance, answer in zip(row.distances(), row.answers(), strict=True):
+        for q, (distance, answer) in enumerate(zip(row.distances(), row.answers(), strict=True)):
             pred = int(predictions[i])
             i += 1
             yield dict(
                 condition=row.condition,
                 row=r,
+                query=q,
+                target_distance=row.target_distance or "",
                 distance=int(distance),
                 answer=int(answer),
                 prediction=pred,
