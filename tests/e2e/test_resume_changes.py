@@ -151,3 +151,48 @@ def test_an_unknown_name_in_allow_resume_changes_is_refused_on_a_fresh_start(tmp
     with pytest.raises(ConfigError, match=r"\['optim.lrr'\] not among the run's settings"):
         run(compose(args, tmp_path / "run"))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# ------------------------------------------------------------------ the data settings
+def test_a_resume_that_switches_add_bos_is_refused_by_name_unless_allowed(
+    trained, tmp_path, capsys
+):
+    """data.add_bos changes every row (a BOS before each document); a resume once switched it
+    on without a word: it was in neither the run identity nor the data stream's fingerprint."""
+    copy = tmp_path / "refused"
+    shutil.copytree(trained, copy)
+    before = FolderState.of(copy)
+    args = [*BASE, "ckpt_path=last", "trainer.max_steps=3", "data.add_bos=true"]
+    with pytest.raises(ConfigError) as refused:
+        run(compose(args, copy))
+    message = str(refused.value)
+    assert "data.add_bos: None (checkpoint) -> True (now)" in message, message
+    assert "allow_resume_changes=[data.add_bos]" in message
+    assert FolderState.of(copy) == before
+
+    seen, run_dir = resume(trained, tmp_path, ["data.add_bos=true",
+                                               "allow_resume_changes=[data.add_bos]"])  # fmt: skip
+    assert "allowed by allow_resume_changes: data.add_bos: None -> True" in capsys.readouterr().out
+    assert read_stored_run(run_dir).identity["data.add_bos"] is True
+
+
+def test_every_data_setting_is_decided_for_a_resume(tmp_path):
+    """Each DataConfig field is in exactly one of identity's lists: the stream (the run's
+    identity), the row order (the data stream's fingerprint), or neither; a new field fails
+    here until it is placed."""
+    import dataclasses
+
+    from data_fixtures import small_corpus
+
+    from longctx.data import DataConfig, LongCtxDataModule
+    from longctx.runs import identity
+
+    lists = (identity.STREAM_DATA_KEYS, identity.ORDER_DATA_KEYS, identity.OTHER_DATA_KEYS)
+    placed = [key for keys in lists for key in keys]
+    fields = [f.name for f in dataclasses.fields(DataConfig)]
+    assert sorted(placed) == sorted(fields), set(placed) ^ set(fields)
+    # the row-order keys are the data stream's to refuse: its fingerprint holds each
+    config = DataConfig(shards=[str(small_corpus(tmp_path, 50))], seq_len=64, buffer_size=8,
+                        chunk_documents=24)  # fmt: skip
+    fingerprint = LongCtxDataModule(config, rank=0, world_size=1).state_dict()["fingerprint"]
+    assert set(identity.ORDER_DATA_KEYS) - {"num_workers"} <= set(fingerprint)
