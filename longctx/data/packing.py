@@ -408,8 +408,9 @@ class AnswersOnly:
         self.packer, self.answer_keys = packer, answer_keys
         self.seq_len = packer.seq_len
 
+    @property
     def stats(self) -> PackingStats:
-        return self.packer.stats()
+        return self.packer.stats
 
     def pack(self, documents: Iterable[np.ndarray]) -> Iterator[PackedRow]:
         for row in self.packer.pack(documents):

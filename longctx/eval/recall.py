@@ -82,28 +82,53 @@ def in_distribution_row(rng: np.random.Generator, spec: MqarSpec, length: int) -
 
 
 def interference_row(rng: np.random.Generator, spec: MqarSpec, length: int) -> RecallRow:
-    """A packed row whose last document's keys are each rebound, to another value, in a
-    random earlier document (its pair and its query both)."""
-    docs = pack_documents(rng, spec, length)
-    while len(docs) < 2:
+    """A packed row whose last document's keys are each bound, to another value, by an earlier
+    document (its pair and its query both), and by none to the same value."""
+    for _ in range(INTERFERENCE_TRIES):
         docs = pack_documents(rng, spec, length)
-    target = docs[-1]
-    earlier = [_copy(d) for d in docs[:-1]]
-    keys, values = target.tokens[target.key_positions], target.answers
-    for key, value in zip(keys, values, strict=True):
-        doc = earlier[rng.integers(len(earlier))]
-        _rebind(rng, doc, key, value)
-    return RecallRow("interference", (*earlier, target), (len(docs) - 1,), length)
+        earlier = [_copy(d) for d in docs[:-1]]
+        if len(docs) >= 2 and _interfere(rng, spec, earlier, docs[-1]):
+            return RecallRow("interference", (*earlier, docs[-1]), (len(docs) - 1,), length)
+    raise ValueError(
+        f"rows of {length} tokens rarely hold earlier documents with as many pairs as the last "
+        f"({INTERFERENCE_TRIES} tries); expected rows several times longer than {spec.max_doc_len}"
+    )
+
+
+INTERFERENCE_TRIES = 1000
+
+
+def _interfere(
+    rng: np.random.Generator, spec: MqarSpec, earlier: list[MqarDocument], target: MqarDocument
+) -> bool:
+    """Rebind ``target``'s keys in ``earlier`` (in place); False where their pairs run out."""
+    keys = target.tokens[target.key_positions]
+    for key, value in zip(keys, target.answers, strict=True):
+        homes = [d for d in earlier if key in d.tokens[d.key_positions]]
+        if not homes:  # take a pair that binds none of the target's keys
+            free = [d for d in earlier if not np.isin(d.tokens[d.key_positions], keys).all()]
+            if not free:
+                return False
+            doc = free[rng.integers(len(free))]
+            i = rng.choice(np.flatnonzero(~np.isin(doc.tokens[doc.key_positions], keys)))
+            doc.tokens[doc.key_positions[i]] = doc.tokens[doc.query_positions[i]] = key
+            homes = [doc]
+        for doc in homes:  # none binds it to the target's own value
+            i = int(np.flatnonzero(doc.tokens[doc.key_positions] == key)[0])
+            if doc.tokens[doc.key_positions[i] + 1] == value:
+                _other_value(rng, spec, doc, i)
+    return True
 
 
 def length_document(
     rng: np.random.Generator, spec: MqarSpec, num_pairs: int, distance: int
 ) -> RecallRow:
-    """One document of ``num_pairs`` pairs whose queries follow filler that puts the first
-    query about ``distance`` tokens past its key."""
+    """One document of ``num_pairs`` pairs whose queries follow filler that puts every query at
+    least ``distance`` tokens past its key (the first one at most ``2 * num_pairs - 2`` more)."""
     from longctx.synthetic.mqar import mqar_document
 
-    lead = max(0, distance - 2 * num_pairs)
+    # the last pair's key sits 2 tokens before the filler: the nearest any query can be
+    lead = max(0, distance - 2)
     doc = mqar_document(rng, spec.vocab, num_pairs, spec.slots(num_pairs), spec.power_a, lead)
     return RecallRow("length", (doc,), (0,), len(doc.tokens), distance)
 
@@ -112,23 +137,19 @@ def _copy(doc: MqarDocument) -> MqarDocument:
     return MqarDocument(doc.tokens.copy(), doc.query_positions, doc.key_positions)
 
 
-def _rebind(rng: np.random.Generator, doc: MqarDocument, key: int, value: int) -> None:
-    """Make ``doc`` bind ``key`` to a value other than ``value`` (in place): a pair of it whose
-    key is not ``key`` already takes ``key``, in its pair and its query."""
-    tokens = doc.tokens
-    if key in tokens[doc.key_positions]:
-        i = int(np.flatnonzero(tokens[doc.key_positions] == key)[0])
-    else:
-        i = int(rng.integers(len(doc.key_positions)))
-        tokens[doc.key_positions[i]] = tokens[doc.query_positions[i]] = key
-    if tokens[doc.key_positions[i] + 1] == value:  # same value by chance: take another's
-        j = (i + 1) % len(doc.key_positions)
-        a, b = doc.key_positions[i] + 1, doc.key_positions[j] + 1
-        if len(doc.key_positions) == 1:
-            return
-        tokens[a], tokens[b] = tokens[b], tokens[a]
-        qa, qb = doc.query_positions[i] + 1, doc.query_positions[j] + 1
-        tokens[qa], tokens[qb] = tokens[qb], tokens[qa]
+def _other_value(rng: np.random.Generator, spec: MqarSpec, doc: MqarDocument, i: int) -> None:
+    """Give pair ``i`` of ``doc`` another value (in place), in its pair and its query: another
+    pair's (the two swap), or, in a one-pair document, any other."""
+    tokens, pairs = doc.tokens, len(doc.key_positions)
+    a = doc.key_positions[i] + 1, doc.query_positions[i] + 1
+    if pairs == 1:
+        old = tokens[a[0]] - spec.vocab.first_value
+        new = (old + 1 + rng.integers(spec.vocab.num_values - 1)) % spec.vocab.num_values
+        tokens[list(a)] = spec.vocab.first_value + new
+        return
+    j = (i + 1 + rng.integers(pairs - 1)) % pairs
+    b = doc.key_positions[j] + 1, doc.query_positions[j] + 1
+    tokens[list(a + b)] = tokens[list(b + a)]
 
 
 # --------------------------------------------------------------------------- scoring

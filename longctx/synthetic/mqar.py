@@ -72,6 +72,8 @@ def power_law_gaps(rng: np.random.Generator, slots: int, count: int, power_a: fl
     (Zoology's gap distribution: power_a = 0.01 puts nearly all mass on short gaps)."""
     if count > slots:
         raise ValueError(f"{count} queries do not fit {slots} query slots")
+    if not (math.isfinite(power_a) and 0 < power_a <= 1):  # else NaN probabilities, unnamed
+        raise ValueError(f"power_a={power_a!r}; expected a value in (0, 1]")
     g = np.arange(1, slots + 1, dtype=np.float64)
     p = power_a * g ** (power_a - 1)
     return np.sort(rng.choice(slots, size=count, replace=False, p=p / p.sum()))
