@@ -101,7 +101,7 @@ def _squad(raw: dict) -> QAData:
                     qid = q.get("id", q["question"])
                     outputs = tuple(_answer(a["text"], qid) for a in q["answers"])
                     if not outputs:
-                        raise ValueError(f"question {q['question']!r} has no answer")
+                        raise ValueError(f"question {qid!r} has no answer")
                     more = tuple(i for i in same if i != own)
                     questions.append(Question(str(q["question"]), outputs, (own,), more))
     return QAData("squad", tuple(questions), tuple(documents))
