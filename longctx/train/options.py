@@ -53,6 +53,8 @@ def mistyped_options(node: Any, prefix: str = "") -> Iterator[str]:
 def target_mismatches(node: dict, prefix: str) -> Iterator[str]:
     name = node["_target_"]
     try:
+        if not isinstance(name, str):
+            raise ValueError(f"{type(name).__name__}, not a string")
         target = _locate(name)  # what instantiate uses (hydra.utils.get_object also logs)
     except (ImportError, ValueError) as err:
         reason = str(err).splitlines()[-1] if str(err) else type(err).__name__
@@ -81,12 +83,14 @@ def parameter_hints(target: Any) -> dict[str, Any]:
 
 def number_expected(value: Any, hint: Any) -> str | None:
     """What ``value`` should have been where a parameter hinted ``hint`` takes numbers only (an
-    int, a float, optionally None; a list of them): None when it is that, or when the hint
-    takes more than numbers (a str, a class: the target's own checks apply)."""
+    int, a float or a bool, optionally None; a list of them): None when it is that, or when the
+    hint takes more (a str, a class: the target's own checks apply)."""
     arms = set(typing.get_args(hint)) if _is_union(hint) else {hint}
     if value is None and type(None) in arms:
         return None
     arms -= {type(None), torch.Tensor}  # a config holds no tensor (torch's optimizers take one)
+    if arms == {bool}:  # 1 == True: a count where a switch belongs passes ``in (True, False)``
+        return None if isinstance(value, bool) else "true or false"
     if arms == {int}:
         return None if _is_int(value) else "an int"
     if arms and arms <= {int, float}:
@@ -118,12 +122,14 @@ def resolved(cfg: DictConfig) -> dict:
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
-        root = err
-        while (inner := root.__cause__ or root.__context__) is not None:
-            root = inner
+        root = err  # what the resolver raised: the first exception below OmegaConf's
+        while isinstance(root, OmegaConfBaseException) and (root.__cause__ or root.__context__):
+            root = root.__cause__ or root.__context__
+        if isinstance(root, ValueError) and not isinstance(root, OmegaConfBaseException):
+            raise ValueError(str(root)) from err  # a resolver's refusal says it all
+        if isinstance(root, KeyError):  # oc.env's unset variable
+            raise ValueError(f"{err.full_key}: {root.args[0]}; expected it set") from err
         if not isinstance(root, OmegaConfBaseException):
-            if isinstance(root, ValueError):  # a resolver's refusal says it all
-                raise ValueError(str(root)) from err
             raise  # a resolver's bug keeps its traceback
         reason = str(err).splitlines()[0]  # OmegaConf adds the key and node type below
         raise ValueError(f"{err.full_key}: {reason}; expected a value that resolves") from err

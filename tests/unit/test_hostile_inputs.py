@@ -96,6 +96,13 @@ RULER = [
         ([*RULER, "callbacks.ruler.batch_size=-1"], "callbacks.ruler: batch_size=-1; expected a"),
         ([*RULER, "callbacks.ruler.samples=0"], "callbacks.ruler: samples=0; expected a positive"),
         (["optim.optimizer.lr=${nope}"], "optim.optimizer.lr: Interpolation key 'nope' not found"),
+        (
+            ["optim.optimizer.lr=${oc.env:LONGCTX_UNSET_VARIABLE}"],
+            "optim.optimizer.lr: Environment variable 'LONGCTX_UNSET_VARIABLE' not found",
+        ),
+        (["optim.optimizer._target_=3"], "optim.optimizer._target_=3 cannot be imported"),
+        # a switch given a count: 1 == True, so `add_bos in (None, True, False)` let it through
+        (["data.add_bos=1"], "data.add_bos=1; expected true or false"),
     ],
 )
 def test_numbers_are_checked_as_resolved_however_they_arrive(overrides, names, tmp_path):
