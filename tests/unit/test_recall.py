@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from data_fixtures import module, small_corpus, take
 
 from longctx.batch import IGNORE_INDEX
 from longctx.data.config import DataConfig
@@ -201,6 +202,23 @@ def test_answers_loss_needs_an_mqar_corpus():
     with pytest.raises(ValueError, match="tokenizer is 'byte'"):
         answer_keys("answers", {"kind": "byte", "vocab_size": 256})
     assert answer_keys("all", {"kind": "byte"}) is None
+
+
+def test_the_datamodule_reads_answer_keys_from_the_manifest_or_refuses(tmp_path):
+    write_corpus(tmp_path / "mqar", SPEC, documents=60, seed=0, val_documents=20)
+    dm = module(tmp_path / "mqar", seq_len=128, loss_tokens="answers", val_rows=1)
+    assert dm.config.answer_keys == KEYS
+    (row,) = dm.validation_rows()
+    batches = [(b.tokens, b.labels) for b in take(dm, 2)]
+    for tokens, labels in [(row.tokens, row.labels), *batches]:
+        labelled = labels != IGNORE_INDEX
+        assert labelled.any()
+        assert (tokens[labelled] >= FIRST_KEY).all() and (
+            tokens[labelled] < VOCAB.first_value
+        ).all()
+        assert (labels[labelled] >= VOCAB.first_value).all()  # a key asks, a value answers
+    with pytest.raises(ValueError, match="tokenizer is 'byte'"):
+        module(small_corpus(tmp_path), seq_len=64, loss_tokens="answers")
 
 
 @pytest.mark.parametrize(
