@@ -268,6 +268,12 @@ def check_backend(name: str, device: str) -> None:
     from longctx.model.attention import resolve_backend
 
     try:
+        torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(
+            f"--device {device} is not a device ({err}); expected cpu or cuda"
+        ) from None
+    try:
         resolve_backend(name, device)
     except RuntimeError as err:
         raise ValueError(

@@ -163,6 +163,9 @@ def test_an_attention_backend_the_device_lacks_is_one_line(tmp_path, plain):
                            "--device cpu") as err:  # fmt: skip
             eval_cli.main([str(ckpt), "--backend", "flash", *mode])
         one_line(err)
+    with pytest.raises(ValueError, match="--device bogus is not a device") as err:
+        eval_cli.main([str(ckpt), "--device", "bogus", "--no-probe"])
+    one_line(err)
     with pytest.raises(ValueError, match="--backend flash chooses longctx's attention"):
         eval_cli.main(["--hf", plain, "--backend", "flash", *SUITE])
 
