@@ -6,7 +6,9 @@ The hierarchical bootstrap of :mod:`longctx.experiments.statistics` (training se
 documents within each drawn seed; two arms paired by seed where they share their seeds) gives
 
 - per arm: the token-weighted held-out loss with its 95% CI;
-- per pair of arms: the paired difference on the same seeds and documents, its CI and a verdict;
+- per pair of arms: the paired difference on the same seeds and documents, its CI and a verdict,
+  and beside it the seed-level t interval over the per-seed differences with their signs (with
+  three seeds the bootstrap cannot reach beyond the per-seed range; claims take the wider);
 - the same on the answer tokens of held-out long-range documents (the loss that needs
   retrieval, :mod:`longctx.eval.answer_loss`), where the runs scored them;
 - the training-noise floor: resampling documents says whether two *trained models* differ, not
@@ -316,12 +318,17 @@ def format_summary(summary: dict) -> str:
         f"bootstrap replicates, {int(CONFIDENCE * 100)}% CIs; control: {summary['control']}",
         _noise_line(summary["training_noise"]),
         "",
-        "| arm | seeds | held-out loss [95% CI] | seed sd | Δ vs control [95% CI] | verdict |",
-        "|---|---|---|---|---|---|",
+        "| arm | seeds | held-out loss [95% CI] | seed sd | Δ vs control [95% CI] "
+        "| seed-level t 95% CI (signs) | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in summary["arms"]:
         pair = row["delta_vs_control"]
-        delta = "control" if pair is None else f"{pair['delta']:+.4f} {_ci(pair['ci'])}"
+        delta = (
+            "control | "
+            if pair is None
+            else (f"{pair['delta']:+.4f} {_ci(pair['ci'])} | {st.seed_level_text(pair)}")
+        )
         sd = "n/a" if row["seed_sd"] is None else f"{row['seed_sd']:.4f}"
         lines.append(
             f"| {row['arm']} | {len(row['seeds'])} | {row['loss']:.4f} {_ci(row['ci'])} | {sd} "
@@ -353,11 +360,15 @@ def _task_table(tasks: dict) -> list[str]:
 
 
 def pairs_table(pairs: list[dict], what: str) -> list[str]:
-    lines = [f"| a | b | {what} | paired | verdict |", "|---|---|---|---|---|"]
+    """Beside the bootstrap interval, the seed-level t interval over the per-seed differences and
+    their signs: with few seeds the bootstrap cannot reach beyond the per-seed range, so a claim
+    is worded by the wider of the two."""
+    lines = [f"| a | b | {what} | seed-level t 95% CI (signs) | paired | verdict |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for pair in pairs:
         paired = f"by seed ({pair['seeds']})" if pair["paired"] else "no (other seeds)"
         lines.append(f"| {pair['a']} | {pair['b']} | {pair['delta']:+.4f} {_ci(pair['ci'])} "
-                     f"| {paired} | {pair['verdict']} |")  # fmt: skip
+                     f"| {st.seed_level_text(pair)} | {paired} | {pair['verdict']} |")  # fmt: skip
     return lines
 
 

@@ -9,7 +9,8 @@ same documents scored by both arms); writes both to ``--json`` and draws the per
 of every arm to ``--out``. SWEEP may hold several training seeds' sweeps: the intervals then come
 from the hierarchical bootstrap of longctx.experiments.statistics (seeds, then documents within
 each; paired by seed with ``unchanged``, whose seed s continued the same stage 1); with one seed
-they cover document sampling only. Beside the JSON: the per-document octave losses
+they cover document sampling only. Beside each bootstrap interval: the seed-level t interval over
+the per-seed differences and their signs (``seed_level``), which few seeds make the wider one. Beside the JSON: the per-document octave losses
 (``_instances.csv.gz``).
 """
 
@@ -102,6 +103,7 @@ def paired_differences(
             row = st.difference(other, base, n_boot, rng, st.shares_seeds(other, base))
             rows.append({"arm": arm, "multiple": multiple, "delta": row["delta"],
                          "ci95": row["ci"], "paired": row["paired"], "seeds": row["seeds"],
+                         "seed_level": row["seed_level"],
                          "documents": len(base.instances)})  # fmt: skip
     return rows
 
@@ -112,7 +114,8 @@ def differences_markdown(rows: Sequence[dict]) -> str:
     lines = [f"| arm - {BASELINE} | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
     for arm in arms:
         cells = [
-            f"{r['delta']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]"
+            f"{r['delta']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]; seed-level "
+            f"{st.seed_level_text(r, '+.3f')}"
             for r in rows
             if r["arm"] == arm
         ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from longctx.experiments.statistics import (
     arm_sample,
     difference,
     estimate,
+    seed_level,
     write_per_instance,
 )
 from longctx.io import atomic_write_bytes
@@ -76,19 +76,6 @@ def read_scores(folder: Path):
     return frame
 
 
-def seed_level(per_seed: Sequence[float], confidence: float = 0.95) -> dict:
-    """Mean over seeds and its t interval (n - 1 degrees of freedom); a sign count beside it."""
-    from scipy import stats
-
-    x = np.asarray(per_seed, dtype=float)
-    n, mean = len(x), float(x.mean())
-    if n < 2:
-        return {"mean": mean, "t_ci": None, "n": n}
-    half = stats.t.ppf((1 + confidence) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n)
-    return {"mean": mean, "t_ci": [mean - half, mean + half], "n": n,
-            "positive": int((x > 0).sum()), "negative": int((x < 0).sum())}  # fmt: skip
-
-
 def cell_report(frame, rng) -> dict:
     """One condition cell: each arm's accuracy and the differences, both intervals."""
     samples = {arm: arm_sample(g, "correct", None, INSTANCE) for arm, g in frame.groupby("arm")}
@@ -100,12 +87,8 @@ def cell_report(frame, rng) -> dict:
     diffs = {}
     for a, b in DIFFERENCES:
         if a in samples and b in samples and samples[a].seeds == samples[b].seeds:
-            sa, sb = samples[a].per_seed(), samples[b].per_seed()
-            per_seed = [sa[s] - sb[s] for s in samples[a].seeds]
-            diffs[f"{a} - {b}"] = {
-                **difference(samples[a], samples[b], N_BOOT, rng),
-                "seed_level": seed_level(per_seed),
-            }
+            # paired by seed: difference() carries the seed-level interval beside the bootstrap
+            diffs[f"{a} - {b}"] = difference(samples[a], samples[b], N_BOOT, rng)
     return {"arms": arms, "differences": diffs}
 
 

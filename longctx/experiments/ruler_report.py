@@ -13,7 +13,8 @@ Every run was scored on the same instances (one instance seed), so arms are comp
 - per arm against the control arm and length, on the suite score and on every task's: the
   difference with its 95% interval from the hierarchical bootstrap of
   longctx.experiments.statistics (training seeds, then instances within each; paired by seed
-  where the arms share their seeds) and a verdict;
+  where the arms share their seeds) and a verdict; beside it the seed-level t interval over the
+  per-seed differences and their signs (``seed_level``: with few seeds, the wider of the two);
 - beside the JSON: the per-instance rows (``_instances.csv.gz``) and per-seed suite scores
   (``_seeds.csv``);
 - a heat map of length x depth per arm (mean over tasks and seeds).
@@ -255,7 +256,9 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {arm['arm']} | " + " | ".join(text) + lengths_)
     for pair in summary["pairs"]:
         text = [
-            f"{r['delta']:+.2f} [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" for r in pair["by_length"]
+            f"{r['delta']:+.2f} [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]; seed-level "
+            f"{st.seed_level_text(r, '+.2f')}"
+            for r in pair["by_length"]
         ]
         paired = "" if all(r["paired"] for r in pair["by_length"]) else " (unpaired)"
         lines.append(f"| {pair['a']} - {pair['b']}{paired} | " + " | ".join(text) + " | | |")

@@ -14,12 +14,16 @@ the two arms, taking the difference per replicate: what the two arms share (a go
 an easy or hard instance) cancels. Unpaired arms are resampled independently.
 
 With one seed a replicate resamples instances only: its interval says nothing about training
-noise (the reports say so).
+noise (the reports say so). With few seeds the percentile interval cannot reach beyond the range
+of the per-seed values, so every paired difference also carries :func:`seed_level`: a t interval
+over the per-seed differences (n - 1 degrees of freedom) and their sign count. Claims are worded
+by the wider of the two.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -153,10 +157,40 @@ def interval(draws: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, 
 
 
 def difference(a: ArmSample, b: ArmSample, n_boot: int, rng, paired: bool = True) -> dict:
-    """a - b: the point estimate, its interval, and whether it was paired."""
+    """a - b: the point estimate, its bootstrap interval, whether it was paired and, when paired,
+    the seed-level interval over the per-seed differences (None unpaired: no seed pairs)."""
     low, high = interval(bootstrap_difference(a, b, n_boot, rng, paired))
+    seeds = seed_level(seed_differences(a, b)) if paired else None
     return {"delta": a.estimate - b.estimate, "ci": [low, high], "paired": paired,
-            "seeds": len(a.seeds)}  # fmt: skip
+            "seeds": len(a.seeds), "seed_level": seeds}  # fmt: skip
+
+
+def seed_differences(a: ArmSample, b: ArmSample) -> list[float]:
+    """statistic(a) - statistic(b) within each shared training seed, in a's seed order."""
+    check_paired(a, b)
+    mine, theirs = a.per_seed(), b.per_seed()
+    return [mine[s] - theirs[s] for s in a.seeds]
+
+
+def seed_level(per_seed: Sequence[float], confidence: float = CONFIDENCE) -> dict:
+    """The mean of per-seed numbers, its t interval (n - 1 degrees of freedom; None for one
+    seed) and how many are above and below 0: with three seeds, the bootstrap's percentile
+    interval cannot reach beyond the per-seed range, and this one can."""
+    from scipy import stats
+
+    x = np.asarray(per_seed, dtype=float)
+    if x.ndim != 1 or x.size == 0 or not np.isfinite(x).all():
+        raise ValueError(
+            f"per-seed values {x.tolist()} are not one or more finite numbers; pass one "
+            "finite number per training seed"
+        )
+    n, mean = len(x), float(x.mean())
+    t_ci = None
+    if n > 1:
+        half = float(stats.t.ppf((1 + confidence) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+        t_ci = [mean - half, mean + half]
+    return {"mean": mean, "t_ci": t_ci, "n": n,
+            "positive": int((x > 0).sum()), "negative": int((x < 0).sum())}  # fmt: skip
 
 
 def estimate(arm: ArmSample, n_boot: int, rng) -> dict:
@@ -188,3 +222,13 @@ def write_per_instance(frame, path) -> None:
     """A report's per-instance rows as gzip CSV, byte-identical for identical rows (no time
     stamp in the gzip header), so a committed file changes only when its numbers do."""
     frame.to_csv(path, index=False, compression={"method": "gzip", "mtime": 0})
+
+
+def seed_level_text(row: dict, spec: str = "+.4f") -> str:
+    """A difference's seed-level interval and sign count for a report's table ("n/a" where the
+    arms are unpaired or have one seed)."""
+    level = row.get("seed_level")
+    if not level or level["t_ci"] is None:
+        return "n/a"
+    low, high = level["t_ci"]
+    return f"[{low:{spec}}, {high:{spec}}] ({level['positive']}+ {level['negative']}−)"

@@ -128,7 +128,7 @@ def test_seeds_give_a_spread_and_enter_the_ci(tmp_path):
     text = S.format_summary(summary)
     assert (
         "| masked, reset pos | 2 |" in text
-        and "| a | b | a - b [95% CI] | paired | verdict |" in text
+        and "| a | b | a - b [95% CI] | seed-level t 95% CI (signs) | paired | verdict |" in text
     )
 
 
@@ -217,6 +217,12 @@ def test_arms_sharing_seeds_are_paired_by_seed(tmp_path):
     assert 0.01 < pair["ci"][0] < 0.02 < pair["ci"][1] < 0.03
     arm_width = np.subtract(*summary["arms"][0]["ci"][::-1])
     assert arm_width > 0.3  # the seeds' spread is in each arm's own interval
+    # beside the bootstrap: the t interval over the three per-seed differences, in the tables
+    level = pair["seed_level"]
+    assert level["n"] == 3 and level["mean"] == pytest.approx(pair["delta"])
+    assert level["t_ci"][0] < pair["delta"] < level["t_ci"][1] and level["positive"] == 3
+    text = S.format_summary(summary)
+    assert text.count(S.st.seed_level_text(pair)) == 2  # the arm table and the pairs table
 
 
 def test_arms_on_other_seeds_are_compared_unpaired(tmp_path):

@@ -46,6 +46,10 @@ def test_seeds_are_pooled_and_paired_with_unchanged(tmp_path):
     for row in differences:  # the seed effect (+-0.5) cancels: every replicate sees +0.2
         assert row["paired"] and row["seeds"] == 3 and row["documents"] == 4
         assert abs(row["delta"] - 0.2) < 1e-9 and abs(row["ci95"][0] - 0.2) < 1e-9
+        level = row["seed_level"]  # beside it, the t interval over the per-seed differences
+        assert level["n"] == 3 and level["positive"] == 3
+        assert abs(level["t_ci"][0] - 0.2) < 1e-9 and abs(level["t_ci"][1] - 0.2) < 1e-9
+    assert "seed-level [+0.200, +0.200] (3+ 0−)" in json.loads(out.read_text())["markdown"]
     per_document = pd.read_csv(tmp_path / "ext_instances.csv.gz")
     assert len(per_document) == 2 * 3 * 3 * 4  # arms x seeds x octaves x documents
 

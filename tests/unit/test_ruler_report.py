@@ -40,6 +40,9 @@ def test_arms_sharing_seeds_are_paired_per_length_and_task(tmp_path):
         assert row["paired"] and row["seeds"] == 3
         assert abs(row["delta"] + 0.1) < 1e-9 and abs(row["ci"][0] + 0.1) < 1e-9
         assert row["verdict"] == "differs"
+        level = row["seed_level"]  # beside it, the t interval over the per-seed differences
+        assert level["n"] == 3 and level["negative"] == 3 and abs(level["mean"] + 0.1) < 1e-9
+    assert "seed-level [-0.10, -0.10] (0+ 3−)" in summary["markdown"]
     assert {(r["task"], r["length"]) for r in pair["by_task"]} == {
         (t, n) for t in TASKS for n in LENGTHS
     }

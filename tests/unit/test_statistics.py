@@ -129,3 +129,40 @@ def test_arm_sample_from_a_tidy_frame_lines_instances_up():
     missing = pd.DataFrame(rows[:-1])
     with pytest.raises(st.PairingError, match=r"seeds \[0\] lack some instances"):
         st.arm_sample(missing, "score", "w", ["task", "sample"])
+
+
+def test_seed_level_t_interval_is_the_hand_computation():
+    """[1, 2, 3]: mean 2, sd 1, half-width t_{0.975, 2} x 1 / sqrt(3) = 4.303 x 0.577 = 2.484."""
+    level = st.seed_level([1.0, 2.0, 3.0])
+    assert level["mean"] == 2.0 and level["n"] == 3
+    assert level["t_ci"] == pytest.approx([2 - 4.302653 / 3**0.5, 2 + 4.302653 / 3**0.5])
+    assert (level["positive"], level["negative"]) == (3, 0)
+    assert st.seed_level([-1.0, 0.0, 2.0])["positive"] == 1  # 0 counts on neither side
+
+
+def test_three_seeds_the_t_interval_reaches_beyond_the_bootstrap():
+    """Per-seed differences 1, 2, 3 (no instance noise): the percentile bootstrap stays within
+    [1, 3], the seed-level interval reaches below 0 and above 4.4: claims take the wider."""
+    a = np.zeros((3, 50))
+    b = a + np.array([[1.0], [2.0], [3.0]])
+    row = st.difference(st.ArmSample.of(b), st.ArmSample.of(a), 2000, np.random.default_rng(0))
+    assert row["ci"][0] >= 1.0 and row["ci"][1] <= 3.0
+    level = row["seed_level"]
+    assert level["mean"] == pytest.approx(row["delta"]) and level["n"] == 3
+    assert level["t_ci"][0] < 0 < 4.4 < level["t_ci"][1]
+    assert st.seed_level_text(row, "+.2f") == "[-0.48, +4.48] (3+ 0−)"
+
+
+def test_seed_level_needs_paired_seeds_and_finite_numbers():
+    a, b = shared_structure()
+    unpaired = st.difference(st.ArmSample.of(b), st.ArmSample.of(a), 100,
+                             np.random.default_rng(0), paired=False)  # fmt: skip
+    assert unpaired["seed_level"] is None and st.seed_level_text(unpaired) == "n/a"
+    one = st.seed_level([0.5])
+    assert (
+        one["t_ci"] is None and one["n"] == 1 and st.seed_level_text({"seed_level": one}) == "n/a"
+    )
+    for bad in ([], [1.0, float("nan")], [1.0, float("inf")], [[1.0, 2.0]]):
+        with pytest.raises(ValueError, match="finite number per training seed") as info:
+            st.seed_level(bad)
+        assert "\n" not in str(info.value)
