@@ -50,9 +50,11 @@ def write_corpus(
         "kind": KIND, "spec": dataclasses.asdict(spec), "documents": documents, "seed": seed,
         "val_documents": val_documents,
     }  # fmt: skip
+    # as prepare's: ids past 65535 need uint32 (uint16 would wrap them silently)
+    dtype = np.dtype(np.uint16 if spec.vocab.size <= 1 << 16 else np.uint32).name
     with staged_folder(out) as folder:
         splits = {
-            split: _write_split(folder, stem, spec, count, [seed, STREAM, i])
+            split: _write_split(folder, stem, spec, count, [seed, STREAM, i], dtype)
             for i, (split, stem, count) in enumerate(
                 (("train", "train-00000", documents), ("val", "val", val_documents))
             )
@@ -63,7 +65,7 @@ def write_corpus(
             vocab_size=spec.vocab.size,
             eos_id=EOS,
             pad_id=FILLER,
-            dtype="uint16",
+            dtype=dtype,
             val_fraction=0.0,
             sources=[options],
             splits=splits,
@@ -73,8 +75,10 @@ def write_corpus(
     return manifest
 
 
-def _write_split(folder: Path, stem: str, spec: MqarSpec, documents: int, stream: list[int]):
-    writer = SplitWriter(folder, stem, "uint16", SHARD_TOKENS)
+def _write_split(
+    folder: Path, stem: str, spec: MqarSpec, documents: int, stream: list[int], dtype: str
+):
+    writer = SplitWriter(folder, stem, dtype, SHARD_TOKENS)
     rng = np.random.default_rng(stream)
     for _ in range(documents):
         writer.add(spec.document(rng).tokens)

@@ -16,9 +16,9 @@ from data_fixtures import module, small_corpus, take
 from longctx.batch import IGNORE_INDEX
 from longctx.data.config import DataConfig
 from longctx.data.corpus import mqar_dir
-from longctx.data.mqar_corpus import write_corpus
+from longctx.data.mqar_corpus import STREAM, write_corpus
 from longctx.data.packing import collate_rows, make_packer
-from longctx.data.shards import load_manifest
+from longctx.data.shards import ShardSet, load_manifest
 from longctx.eval import recall
 from longctx.eval.recall import Arm
 from longctx.model import Llama, LlamaConfig
@@ -182,6 +182,16 @@ def test_write_corpus_writes_an_mqar_manifest(tmp_path):
     assert loaded.vocab_size == VOCAB.size and loaded.eos_id == EOS
     assert manifest.splits["train"].documents == 30 and manifest.splits["val"].documents == 5
     assert answer_keys("answers", loaded.tokenizer) == (FIRST_KEY, VOCAB.first_value)
+
+
+def test_a_vocabulary_past_uint16_keeps_every_id(tmp_path):
+    spec = MqarSpec(MqarVocab(70_000, 64), min_pairs=2, max_pairs=4)
+    manifest = write_corpus(tmp_path / "c", spec, documents=20, seed=0, val_documents=0)
+    assert manifest.dtype == "uint32"
+    train = ShardSet(tmp_path / "c", "train")
+    rng = np.random.default_rng([0, STREAM, 0])  # the train split's stream
+    for i in range(train.num_documents):
+        assert train.document(i).tolist() == spec.document(rng).tokens.tolist()
 
 
 def test_mqar_dir_reuses_the_same_settings_and_writes_others_apart(tmp_path):
