@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from longctx.cli import command
+from longctx.data.config import MqarCorpus
 from longctx.eval.cli import load_model
 from longctx.eval.recall import (
     CONDITIONS,
@@ -73,6 +74,11 @@ def instances(spec: MqarSpec, seq_len: int, seed: int, rows: int, docs: int) -> 
 def score_run(run: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
     stored = read_stored_run(run)
     model_config, data = stored.model_config(attn_backend="sdpa"), stored.data_config()
+    if len(data.shards or []) != 1 or not isinstance(data.shards[0], MqarCorpus):
+        raise ValueError(
+            f"{run} was trained on data.shards={data.shards!r}; expected one MQAR corpus "
+            "(data.shards=[{mqar: {...}}], as experiment=recall)"
+        )
     (corpus,) = data.shards
     arm = Arm(data.document_mask, data.reset_position_ids)
     model = load_model(stored, model_config, "cpu")
@@ -148,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--docs", type=int, default=16, help="length documents per distance")
     parser.add_argument("--generate", nargs="*", default=[], choices=CONDITIONS)
     args = parser.parse_args(argv)
+    if min(args.rows, args.docs) < 0 or args.rows + args.docs == 0:
+        raise ValueError(f"--rows {args.rows} --docs {args.docs}; expected counts >= 0, not both 0")
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -342,3 +342,28 @@ def test_the_masked_pair_predicts_alike_under_reset_and_continuous_positions():
         model.labelled_logits(recall.batch_of(rows[:1], Arm(False, r))) for r in (True, False)
     ]
     assert not torch.allclose(unmasked[0], unmasked[1], atol=1e-4)
+
+
+# --------------------------------------------------------------------------- the scoring CLI
+def test_scoring_refuses_a_run_not_trained_on_an_mqar_corpus(monkeypatch):
+    from longctx.experiments import recall as cli
+
+    class Stored:  # a byte-corpus run: what read_stored_run gives the CLI
+        def model_config(self, **_):
+            return None
+
+        def data_config(self):
+            return DataConfig(shards=["embedded"])
+
+    monkeypatch.setattr(cli, "read_stored_run", lambda run: Stored())
+    with pytest.raises(ValueError, match=re.escape("data.shards=['embedded']; expected one MQAR")):
+        cli.score_run("r", None)
+
+
+@pytest.mark.parametrize("counts", [["0", "0"], ["-1", "2"], ["2", "-1"]])
+def test_scoring_refuses_no_or_negative_instance_counts(tmp_path, counts):
+    from longctx.experiments import recall as cli
+
+    argv = ["r", "--out", str(tmp_path), "--rows", counts[0], "--docs", counts[1]]
+    with pytest.raises(ValueError, match=re.escape(f"--rows {counts[0]} --docs {counts[1]}")):
+        cli.main(argv)
