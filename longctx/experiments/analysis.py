@@ -105,7 +105,7 @@ def load_run_dir(run_dir: Path, root: Path | None = None) -> pd.DataFrame:
 def csv_rows(path: Path) -> list[tuple[int, str, float]]:
     """Lightning CSVLogger metrics.csv -> (step, metric, value) rows. A resumed run appends
     to the file, so steps redone after a crash appear twice: the later row wins."""
-    wide = read_table(path, numeric=None, text=["step"])  # every column a number
+    wide = read_table(path, numeric=["step"], sparse=True)  # every column a number
     long = wide.drop(columns=[c for c in ("epoch",) if c in wide]).melt(
         id_vars="step", var_name="metric", value_name="value"
     )

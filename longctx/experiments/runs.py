@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from longctx.runs.folder import CHECKPOINTS, is_run_folder
@@ -68,14 +69,14 @@ def run_name(run_dir: Path, root: Path) -> str:
 
 
 def read_table(
-    path: Path, numeric: Sequence[str] | None = (), text: Sequence[str] = ()
+    path: Path, numeric: Sequence[str] = (), text: Sequence[str] = (), sparse: bool = False
 ) -> pd.DataFrame:
-    """A CSV a report reads (gzipped when its name ends .gz), with the ``numeric`` columns it
-    computes with holding numbers (None: every column) and the ``text`` columns it groups by
-    present: a file that
-    cannot be read (a damaged gzip archive, not CSV), a column missing, or a value that is not a
-    number is one line naming the file and the column, not a traceback in the middle of a
-    report."""
+    """A CSV a report reads (gzipped when its name ends .gz): rows, the ``text`` columns it
+    groups by, and the ``numeric`` columns it computes with, holding a finite number in every
+    row (``sparse``: every column but ``text`` numeric, a cell may be empty, as in a metrics
+    log). A file that cannot be read (a damaged gzip archive, not CSV), holds no rows, lacks a
+    column, or holds a value that is not a number is one line naming the file and the column,
+    not a traceback (or a NaN) in the middle of a report."""
     try:
         frame = pd.read_csv(path)
     except (OSError, EOFError, zlib.error, ValueError, UnicodeDecodeError) as err:
@@ -84,21 +85,23 @@ def read_table(
             f"CSV table ({type(err).__name__}: {' '.join(str(err).split())[:200]}); expected "
             "the file as longctx wrote it"
         ) from None
-    numeric = list(frame.columns) if numeric is None else numeric
+    expected = "; expected the file as longctx wrote it"
+    if frame.empty:
+        raise ValueError(f"{path} holds no rows{expected}")
     for column in (*numeric, *text):
         if column not in frame.columns:
-            raise ValueError(
-                f"{path} has no {column!r} column (columns {list(frame.columns)[:8]}); expected "
-                "the file as longctx wrote it"
-            )
-    for column in numeric:
+            raise ValueError(f"{path} has no {column!r} column (columns "
+                             f"{list(frame.columns)[:8]}){expected}")  # fmt: skip
+    for column in [c for c in frame.columns if c not in text] if sparse else numeric:
         values = pd.to_numeric(frame[column], errors="coerce")
-        bad = frame[column][values.isna() & frame[column].notna()]
-        if len(bad):
-            raise ValueError(
-                f"{path}: column {column!r} holds {bad.iloc[0]!r} (row {bad.index[0] + 2}), not "
-                "a number; expected the file as longctx wrote it"
-            )
+        bad = values.isna() & frame[column].notna() if sparse else ~np.isfinite(values)
+        if bad.any():
+            row = int(np.argmax(bad.to_numpy()))
+            value = frame[column].iloc[row]
+            shown = "an empty cell" if pd.isna(value) else repr(value if isinstance(value, str)
+                                                                else float(value))  # fmt: skip
+            raise ValueError(f"{path}: column {column!r} holds {shown} (row {row + 2}), not a "
+                             f"finite number{expected}")  # fmt: skip
         frame[column] = values
     return frame
 

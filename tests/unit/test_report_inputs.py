@@ -36,9 +36,11 @@ ROW = {"step": 3, "task": "lc_passkey", "length": 64, "depth": 0.5, "sample": 0,
 @pytest.mark.parametrize(
     "row, said",
     [
-        ({**ROW, "score": "abc"}, r"column 'score' holds 'abc' \(row 2\), not a number"),
+        ({**ROW, "score": "abc"}, r"column 'score' holds 'abc' \(row 2\), not a finite number"),
         ({k: v for k, v in ROW.items() if k != "score"}, "has no 'score' column"),
         ({k: v for k, v in ROW.items() if k != "task"}, "has no 'task' column"),
+        ({**ROW, "score": float("inf")}, r"column 'score' holds inf \(row 2\)"),
+        ({**ROW, "score": None}, r"column 'score' holds an empty cell \(row 2\)"),  # an empty cell
     ],
 )
 def test_a_results_csv_with_a_bad_column_names_file_and_column(tmp_path, row, said):
@@ -46,6 +48,14 @@ def test_a_results_csv_with_a_bad_column_names_file_and_column(tmp_path, row, sa
     with pytest.raises(ValueError, match=said) as err:
         R.load_results(tmp_path, "group")
     assert str(folder / "ruler_results.csv") in one_line(err)
+
+
+def test_a_results_csv_of_a_header_alone_is_one_line(tmp_path):
+    folder = ruler_run(tmp_path, [ROW])
+    (folder / "ruler_results.csv").write_text(",".join(ROW) + "\n")
+    with pytest.raises(ValueError, match="ruler_results.csv holds no rows") as err:
+        R.load_results(tmp_path, "group")
+    one_line(err)
 
 
 def test_a_cli_ruler_json_nested_too_deep_or_without_its_seed_is_one_line(tmp_path):
@@ -92,5 +102,7 @@ def test_a_run_record_nested_too_deep_is_one_line(tmp_path):
 def test_read_table_passes_a_good_file_through(tmp_path):
     path = tmp_path / "t.csv"
     pd.DataFrame([{"a": 1, "b": "x"}, {"a": None, "b": "y"}]).to_csv(path, index=False)
-    frame = read_table(path, numeric=["a"], text=["b"])
+    frame = read_table(path, text=["b"], sparse=True)  # a metrics log: empty cells are fine
     assert frame["a"].iloc[0] == 1 and frame["a"].isna().iloc[1]
+    with pytest.raises(ValueError, match=r"column 'a' holds an empty cell \(row 3\)"):
+        read_table(path, numeric=["a"])
