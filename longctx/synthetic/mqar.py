@@ -120,6 +120,11 @@ class MqarSpec:
     power_a: float = 0.01
 
     def __post_init__(self) -> None:
+        for name, kind in (("min_pairs", int), ("max_pairs", int), ("slot_ratio", float),
+                           ("power_a", float)):  # fmt: skip
+            value = getattr(self, name)  # else float pairs crash the generator, a str compares
+            if isinstance(value, bool) or not isinstance(value, int | np.integer | kind):
+                raise ValueError(f"MqarSpec.{name}={value!r}; expected {kind.__name__}")
         if (
             not 1
             <= self.min_pairs

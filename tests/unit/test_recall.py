@@ -242,6 +242,10 @@ def test_the_datamodule_reads_answer_keys_from_the_manifest_or_refuses(tmp_path)
         ({"mqar": {"documents": 10, "num_keys": 1}}, "num_keys=1"),
         ({"mqar": {"documents": 10}, "extra": 1}, "extra"),
         ({"mqar": [1, 2]}, "[1, 2]"),
+        ({"mqar": {"documents": 10, "max_pairs": 32.5}}, "max_pairs=32.5"),
+        ({"mqar": {"documents": 10, "min_pairs": True}}, "min_pairs=True"),
+        ({"mqar": {"documents": 10, "min_pairs": "3"}}, "min_pairs='3'"),
+        ({"mqar": {"documents": 10, "slot_ratio": "x"}}, "slot_ratio='x'"),
     ],
 )
 def test_a_bad_mqar_entry_is_refused_naming_it(entry, named):
