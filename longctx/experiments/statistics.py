@@ -166,7 +166,9 @@ def difference(a: ArmSample, b: ArmSample, n_boot: int, rng, paired: bool = True
 
 
 def seed_differences(a: ArmSample, b: ArmSample) -> list[float]:
-    """statistic(a) - statistic(b) within each shared training seed, in a's seed order."""
+    """statistic(a) - statistic(b) within each shared training seed, in a's seed order. Their
+    mean is the pooled difference when every seed weighs the same (the same instances and
+    weights in each seed, as in every report here)."""
     check_paired(a, b)
     mine, theirs = a.per_seed(), b.per_seed()
     return [mine[s] - theirs[s] for s in a.seeds]
@@ -178,17 +180,24 @@ def seed_level(per_seed: Sequence[float], confidence: float = CONFIDENCE) -> dic
     interval cannot reach beyond the per-seed range, and this one can."""
     from scipy import stats
 
-    x = np.asarray(per_seed, dtype=float)
+    bad = ValueError(
+        f"per-seed values {str(per_seed)[:80]} are not one or more finite numbers of a "
+        "representable spread; pass one finite number per training seed"
+    )
+    try:
+        x = np.asarray(per_seed, dtype=float)
+    except (TypeError, ValueError):
+        raise bad from None
     if x.ndim != 1 or x.size == 0 or not np.isfinite(x).all():
-        raise ValueError(
-            f"per-seed values {x.tolist()} are not one or more finite numbers; pass one "
-            "finite number per training seed"
-        )
-    n, mean = len(x), float(x.mean())
-    t_ci = None
-    if n > 1:
-        half = float(stats.t.ppf((1 + confidence) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
-        t_ci = [mean - half, mean + half]
+        raise bad
+    n, t_ci = len(x), None
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused just below
+        mean = float(x.mean())
+        if n > 1:
+            half = float(stats.t.ppf((1 + confidence) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+            t_ci = [mean - half, mean + half]
+    if not np.isfinite([mean, *(t_ci or [])]).all():
+        raise bad
     return {"mean": mean, "t_ci": t_ci, "n": n,
             "positive": int((x > 0).sum()), "negative": int((x < 0).sum())}  # fmt: skip
 

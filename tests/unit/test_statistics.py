@@ -162,7 +162,9 @@ def test_seed_level_needs_paired_seeds_and_finite_numbers():
     assert (
         one["t_ci"] is None and one["n"] == 1 and st.seed_level_text({"seed_level": one}) == "n/a"
     )
-    for bad in ([], [1.0, float("nan")], [1.0, float("inf")], [[1.0, 2.0]]):
+    hostile = ([], [1.0, float("nan")], [1.0, float("inf")], [[1.0, 2.0]], ["a", "b"], None,
+               [1e308, 1e308], [1e308, -1e308])  # fmt: skip
+    for bad in hostile:
         with pytest.raises(ValueError, match="finite number per training seed") as info:
             st.seed_level(bad)
         assert "\n" not in str(info.value)
