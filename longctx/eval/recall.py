@@ -67,6 +67,11 @@ class RecallRow:
 
 def pack_documents(rng: np.random.Generator, spec: MqarSpec, length: int) -> list[MqarDocument]:
     """Documents of ``spec`` in order until the next would not fit ``length``."""
+    if length < spec.max_doc_len:  # else a row may hold no document at all
+        raise ValueError(
+            f"rows of {length} tokens are shorter than the longest document "
+            f"({spec.max_doc_len}); expected rows at least that long"
+        )
     docs, used = [], 0
     while True:
         doc = spec.document(rng)

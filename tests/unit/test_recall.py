@@ -274,6 +274,14 @@ def test_an_interference_row_rebinds_every_scored_key_in_an_earlier_document():
         assert len(row.packed().tokens) == 256
 
 
+@pytest.mark.parametrize("condition", ["in_distribution_row", "interference_row"])
+def test_rows_shorter_than_the_longest_document_are_refused(condition):
+    with pytest.raises(
+        ValueError, match=f"rows of 50 tokens .*longest document \\({SPEC.max_doc_len}"
+    ):
+        getattr(recall, condition)(np.random.default_rng(0), SPEC, 50)
+
+
 def test_a_length_document_puts_its_first_query_at_least_the_target_past_its_key():
     for distance in (8, 100, 161, 512, 1024):
         for seed in range(20):
