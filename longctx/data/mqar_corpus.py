@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from longctx.cli import command
-from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, write_manifest
+from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, load_manifest, write_manifest
 from longctx.data.synthesize import staged_folder
 from longctx.synthetic.mqar import EOS, FILLER, KIND, MqarSpec, MqarVocab, tokenizer_spec
 
@@ -73,6 +73,19 @@ def write_corpus(
         )
         write_manifest(folder, manifest)
     return manifest
+
+
+def corpus_spec(folder: str | Path) -> MqarSpec:
+    """The document distribution an MQAR corpus folder was written with (its manifest)."""
+    manifest = load_manifest(folder)
+    sources = manifest.sources
+    if manifest.tokenizer.get("kind") != KIND or len(sources) != 1 or "spec" not in sources[0]:
+        raise ValueError(
+            f"{folder} is not an MQAR corpus (its tokenizer is {manifest.tokenizer.get('kind')!r});"
+            " expected a folder written by python -m longctx.data.mqar_corpus"
+        )
+    spec = dict(sources[0]["spec"])
+    return MqarSpec(MqarVocab(**spec.pop("vocab")), **spec)
 
 
 def _write_split(

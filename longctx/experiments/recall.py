@@ -71,18 +71,33 @@ def instances(spec: MqarSpec, seq_len: int, seed: int, rows: int, docs: int) -> 
     return out
 
 
+def trained_spec(run, data) -> MqarSpec:
+    """The document distribution of the one MQAR corpus a run trained on (a ``{mqar: {...}}``
+    entry or a prepared MQAR folder)."""
+    from longctx.data.corpus import EMBEDDED
+    from longctx.data.mqar_corpus import corpus_spec
+
+    entries = data.shards or []
+    if len(entries) == 1 and isinstance(entries[0], MqarCorpus):
+        return entries[0].spec()  # its settings say it all: no need to write it
+    if len(entries) == 1 and isinstance(entries[0], str) and entries[0] != EMBEDDED:
+        try:
+            return corpus_spec(entries[0])
+        except (ValueError, FileNotFoundError) as err:
+            raise ValueError(f"{run}: data.shards={entries!r}: {err}") from None
+    raise ValueError(
+        f"{run} was trained on data.shards={entries!r}; expected one MQAR corpus "
+        "(data.shards=[{mqar: {...}}], as experiment=recall, or an MQAR folder)"
+    )
+
+
 def score_run(run: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
     stored = read_stored_run(run)
     model_config, data = stored.model_config(attn_backend="sdpa"), stored.data_config()
-    if len(data.shards or []) != 1 or not isinstance(data.shards[0], MqarCorpus):
-        raise ValueError(
-            f"{run} was trained on data.shards={data.shards!r}; expected one MQAR corpus "
-            "(data.shards=[{mqar: {...}}], as experiment=recall)"
-        )
-    (corpus,) = data.shards
+    spec = trained_spec(run, data)
     arm = Arm(data.document_mask, data.reset_position_ids)
     model = load_model(stored, model_config, "cpu")
-    rows = instances(corpus.spec(), data.seq_len, args.instances_seed, args.rows, args.docs)
+    rows = instances(spec, data.seq_len, args.instances_seed, args.rows, args.docs)
     started, out = time.perf_counter(), []
     for condition in CONDITIONS:
         mine = [r for r in rows if r.condition == condition]
@@ -101,7 +116,7 @@ def score_run(run: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
     meta = {
         "run": str(run), "seed": stored.identity.get("seed", _seed(stored)),
         "document_mask": arm.document_mask, "reset_position_ids": arm.reset_position_ids,
-        "seq_len": data.seq_len, "max_doc_len": corpus.spec().max_doc_len,
+        "seq_len": data.seq_len, "max_doc_len": spec.max_doc_len,
         "scoring_seconds": round(time.perf_counter() - started, 1),
     }  # fmt: skip
     return [{**meta_cols(meta), **r} for r in out], meta

@@ -230,7 +230,8 @@ def final_metrics(trainer: L.Trainer, datamodule) -> dict:
     from longctx.eval.baselines import unigram_baseline
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    if "val/loss" in metrics and trainer.is_global_zero:
+    # the unigram baseline is over every token: no yardstick for an answers-only loss
+    if "val/loss" in metrics and trainer.is_global_zero and datamodule.config.loss_tokens == "all":
         metrics["unigram_baseline"] = unigram_baseline(datamodule.folders()[0])
         print(
             f"val/loss {metrics['val/loss']:.4f} nats/token, unigram baseline "

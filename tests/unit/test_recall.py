@@ -379,3 +379,16 @@ def test_scoring_refuses_no_or_negative_instance_counts(tmp_path, counts):
     argv = ["r", "--out", str(tmp_path), "--rows", counts[0], "--docs", counts[1]]
     with pytest.raises(ValueError, match=re.escape(f"--rows {counts[0]} --docs {counts[1]}")):
         cli.main(argv)
+
+
+def test_a_prepared_mqar_folder_states_its_distribution_and_a_run_on_it_is_scored_from_it(tmp_path):
+    from longctx.data.mqar_corpus import corpus_spec
+    from longctx.experiments.recall import trained_spec
+
+    spec = MqarSpec(MqarVocab(64, 80), min_pairs=3, max_pairs=9, slot_ratio=2.0)
+    write_corpus(tmp_path / "mq", spec, documents=20, seed=3, val_documents=2)
+    assert corpus_spec(tmp_path / "mq") == spec
+    assert trained_spec("r", DataConfig(shards=[str(tmp_path / "mq")])) == spec
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ValueError, match=re.escape(f"data.shards=['{tmp_path / 'other'}']")):
+        trained_spec("r", DataConfig(shards=[str(tmp_path / "other")]))
