@@ -1,0 +1,279 @@
+"""Data-parallel balance: which (rank, micro-batch) slot of an optimizer step trains each row.
+
+Every optimizer step waits for its slowest data-parallel rank, and under document masks the
+rows of a step differ widely in cost: a packed row's attention work is the sum of its
+documents' squared lengths, so at 128k a row holding one book costs several times a row of a
+hundred web pages. Balancing reorders the step's rows over the ranks and their accumulation
+micro-batches; the step's rows, and so its tokens, loss and gradients, are the same.
+
+- The cost of a row (:class:`RowCost`) is linear in its tokens plus attention in
+  ``sum(l_i^2)`` over its segments (the pad tail is a segment too: it is computed). Its two
+  coefficients, in seconds, come from the planner's roofline (:func:`row_cost_for`): the
+  model's training FLOPs per token and per squared in-document token
+  (``longctx.model.flops.training_flops``, the formula the planner's step time uses) over
+  peak FLOP/s x MFU, so the same numbers plan and balance.
+- The step's ``R x M x b`` rows (R ranks, M micro-batches per rank, b rows per micro-batch)
+  are first split over the ranks, ``M x b`` rows each, then each rank's rows over its M
+  micro-batches, ``b`` rows each, by the same :func:`partition`: LPT (longest first, each row
+  to the least loaded part with room; ties by row index), then pairwise swaps between the
+  most loaded part and any other while a swap lowers the pair's maximum (bounded); the ranks'
+  swaps also start from today's order, and the better result is kept. A rank's
+  micro-batches go most costly first, so under FSDP2 (which synchronises ranks at every layer
+  of every micro-batch) the costly micro-batches of all ranks run in the same round.
+- Deterministic: no randomness, ties broken by global row index, so every rank computes the
+  identical assignment from the same costs.
+- :func:`max_lower_bound`: no assignment's most loaded rank costs less. Where it exceeds the
+  mean by more than a target (one row costs more than a rank's share, say), no balancer
+  reaches the target.
+
+Slot order is the datamodule's (longctx/data/streams.py): in accumulation round m, rank r
+trains global micro-batch ``m * R + r``; unbalanced, slot (r, m, p) holds the step's global
+row ``(m * R + r) * b + p`` (:func:`unbalanced_step`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from longctx.model.flops import matmul_params, training_flops
+
+# A swap must lower the pair's maximum by more than this fraction of it (float noise is no gain).
+SWAP_TOLERANCE = 1e-12
+
+
+# --------------------------------------------------------------------------- cost model
+@dataclasses.dataclass(frozen=True)
+class RowCost:
+    """Predicted seconds of one row: ``linear_per_token * L + attention_per_sq_token *
+    sum(l_i^2)`` over the row's segment lengths ``l_i`` (one segment of L without a document
+    mask)."""
+
+    linear_per_token: float
+    attention_per_sq_token: float
+
+    def __post_init__(self) -> None:
+        for name in ("linear_per_token", "attention_per_sq_token"):
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"RowCost {name}={value!r}; expected a finite number >= 0")
+
+    def cost(self, seq_lens: Sequence[int] | np.ndarray) -> float:
+        """One row's cost from its segment lengths (zero padding allowed)."""
+        return float(self.costs(np.asarray(seq_lens, dtype=np.float64)[None, :])[0])
+
+    def costs(self, seq_lens_BS, document_mask: bool = True) -> np.ndarray:
+        """Costs [B] of rows with segment lengths [B, S] (zero padded, the PackedBatch field);
+        without a document mask a row attends as one segment of its whole length."""
+        lens = np.asarray(seq_lens_BS, dtype=np.float64)
+        if lens.ndim != 2 or (lens < 0).any():
+            raise ValueError(
+                f"seq_lens of shape {lens.shape}; expected [rows, segments] of lengths >= 0"
+            )
+        tokens = lens.sum(axis=1)
+        squares = (lens**2).sum(axis=1) if document_mask else tokens**2
+        return self.linear_per_token * tokens + self.attention_per_sq_token * squares
+
+
+def row_cost_for(config, device, mfu: float) -> RowCost:
+    """The planner's step-time model as a row cost for ``config`` (a LlamaConfig) on ``device``
+    (a ``longctx.planner.Device``: its ``peak_flops``) at ``mfu`` (``planner.mfu``): the
+    training FLOPs of one token and of one squared in-document token, over peak x MFU.
+
+    Per GPU of a data-parallel rank; a context-parallel group of c GPUs divides it by c."""
+    peak = getattr(device, "peak_flops", None)
+    if not _is_number(peak) or not math.isfinite(peak) or peak <= 0:
+        raise ValueError(
+            f"peak FLOP/s of the device ({peak!r}); expected a finite positive number "
+            "(set peak_flops_per_device)"
+        )
+    if not _is_number(mfu) or not 0 < mfu <= 1:
+        raise ValueError(f"planner.mfu={mfu!r}; expected a fraction in (0, 1]")
+    one_token = torch.ones(1, 1)
+    linear = training_flops(matmul_params(config), 0, 0, 0, one_token)
+    attention = training_flops(0, config.head_dim, config.n_heads, config.n_layers, one_token)
+    throughput = peak * mfu
+    return RowCost(linear / throughput, attention / throughput)
+
+
+# --------------------------------------------------------------------------- partition
+def lpt_partition(costs: np.ndarray, parts: int, size: int) -> np.ndarray:
+    """Longest processing time first with room: rows by decreasing cost (ties: lower index),
+    each to the least loaded part that has fewer than ``size`` rows (ties: lower part).
+    Returns [parts, size] indices into ``costs``."""
+    order = np.lexsort((np.arange(len(costs)), -costs))
+    heap = [(0.0, part) for part in range(parts)]  # (load, part) of parts with room
+    members: list[list[int]] = [[] for _ in range(parts)]
+    for row in order.tolist():
+        load, part = heapq.heappop(heap)
+        members[part].append(row)
+        if len(members[part]) < size:
+            heapq.heappush(heap, (load + float(costs[row]), part))
+    return np.array(members, dtype=np.int64).reshape(parts, size)
+
+
+def improve_by_swaps(costs: np.ndarray, groups: np.ndarray, max_swaps: int) -> np.ndarray:
+    """Swap a row of the most loaded part with one of another part while that lowers the pair's
+    maximum; each time the swap that evens the pair best (ties: lower part, then position).
+    The most loaded part never gets costlier, so the result is never worse than the start."""
+    groups = groups.copy()
+    loads = costs[groups].sum(axis=1)
+    for _ in range(max_swaps):
+        top = int(np.argmax(loads))
+        delta = costs[groups[top]][None, :, None] - costs[groups][:, None, :]  # [P, K, K]
+        pair_max = np.maximum(loads[top] - delta, loads[:, None, None] + delta)
+        pair_max[top] = np.inf
+        best = int(np.argmin(pair_max))
+        if not pair_max.flat[best] < loads[top] * (1 - SWAP_TOLERANCE):
+            break
+        other, i, j = np.unravel_index(best, pair_max.shape)
+        groups[top, i], groups[other, j] = groups[other, j], groups[top, i]
+        loads[top], loads[other] = costs[groups[top]].sum(), costs[groups[other]].sum()
+    return groups
+
+
+def partition(
+    costs: np.ndarray, parts: int, size: int, improve: bool = True, given: np.ndarray | None = None
+) -> np.ndarray:
+    """``parts`` groups of exactly ``size`` rows, the costliest group as cheap as found: LPT,
+    then (``improve``) pairwise swaps, from LPT's groups and from the ``given`` ones (today's
+    order: so never worse than it either), the better kept (ties: LPT's). Returns [parts, size]
+    indices into ``costs``, each group's in increasing order."""
+    groups = lpt_partition(costs, parts, size)
+    if improve and parts > 1 and size > 1:
+        starts = [groups] if given is None else [groups, given]
+        found = [improve_by_swaps(costs, start, max_swaps=parts * size) for start in starts]
+        groups = min(found, key=lambda g: costs[g].sum(axis=1).max())  # min keeps the first tie
+    return np.sort(groups, axis=1)
+
+
+# --------------------------------------------------------------------------- step plans
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """One optimizer step's assignment: ``slots[r, m, p]`` is the step's global row index that
+    rank r trains at position p of its micro-batch m (a permutation of 0 .. R*M*b - 1)."""
+
+    slots: np.ndarray  # int64 [R, M, b]
+    costs: np.ndarray  # float64 [R*M*b], the step's row costs in global row order
+
+    @property
+    def micro_batch_costs(self) -> np.ndarray:
+        """[R, M]: each micro-batch's cost."""
+        return self.costs[self.slots].sum(axis=2)
+
+    @property
+    def rank_costs(self) -> np.ndarray:
+        """[R]: each rank's cost over the step."""
+        return self.micro_batch_costs.sum(axis=1)
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean of the rank costs: ``train/dp_work_imbalance``."""
+        return imbalance(self.rank_costs)
+
+    @property
+    def step_time(self) -> float:
+        """The step when ranks meet once per step (DDP, no sync in accumulation): the most
+        loaded rank's cost."""
+        return float(self.rank_costs.max())
+
+    @property
+    def round_synced_step_time(self) -> float:
+        """The step when ranks meet at every micro-batch (FSDP2 gathers parameters per layer):
+        the sum over accumulation rounds of the costliest rank's micro-batch."""
+        return float(self.micro_batch_costs.max(axis=0).sum())
+
+    @property
+    def order(self) -> np.ndarray:
+        """The permutation in the datamodule's global micro-batch order: entry
+        ``(m * R + r) * b + p`` is the global row at slot (r, m, p)."""
+        return self.slots.transpose(1, 0, 2).reshape(-1)
+
+
+def balance_step(
+    costs, ranks: int, micro_batches: int, rows_per_micro_batch: int, improve: bool = True
+) -> StepPlan:
+    """The balanced assignment of one step's rows (``costs`` in global row order) to ``ranks``
+    x ``micro_batches`` slots of ``rows_per_micro_batch`` rows. ``improve=False``: LPT alone."""
+    today = unbalanced_step(costs, ranks, micro_batches, rows_per_micro_batch)
+    costs, per_rank = today.costs, micro_batches * rows_per_micro_batch
+    slots = np.empty_like(today.slots)
+    given = today.slots.reshape(ranks, per_rank)
+    for r, rows in enumerate(partition(costs, ranks, per_rank, improve, given)):
+        micro = rows[partition(costs[rows], micro_batches, rows_per_micro_batch, improve)]
+        # costliest micro-batch first (ties: lower first row), so ranks' rounds line up
+        slots[r] = micro[np.lexsort((micro[:, 0], -costs[micro].sum(axis=1)))]
+    return StepPlan(slots, costs)
+
+
+def unbalanced_step(costs, ranks: int, micro_batches: int, rows_per_micro_batch: int) -> StepPlan:
+    """Today's order (longctx/data/streams.py): in round m rank r trains global micro-batch
+    ``m * R + r``."""
+    costs = check_step(costs, ranks, micro_batches, rows_per_micro_batch)
+    rows = np.arange(len(costs)).reshape(micro_batches, ranks, rows_per_micro_batch)
+    return StepPlan(rows.transpose(1, 0, 2).copy(), costs)
+
+
+def imbalance(rank_costs) -> float:
+    """max / mean of per-rank costs (1.0 = even; 1.0 for all-zero costs)."""
+    costs = np.asarray(rank_costs, dtype=np.float64)
+    mean = costs.mean()
+    return float(costs.max() / mean) if mean > 0 else 1.0
+
+
+def max_lower_bound(costs, ranks: int, rows_per_rank: int) -> float:
+    """No assignment of ``costs`` to ``ranks`` ranks of ``rows_per_rank`` rows makes the most
+    loaded rank cost less than this: the mean, and for j = 0 .. K-1 (K = rows_per_rank) the
+    pigeonhole over the j*R + 1 costliest rows (some rank holds j + 1 of them, at least the
+    j + 1 cheapest of them, plus the K - j - 1 cheapest rows of the step). j = 0: the costliest
+    row plus the K - 1 cheapest rows."""
+    costs = check_step(costs, ranks, 1, rows_per_rank)
+    c = np.sort(costs)[::-1]
+    bound = c.sum() / ranks
+    for j in range(rows_per_rank):
+        top = c[j * ranks - j : j * ranks + 1].sum()
+        rest = c[len(c) - (rows_per_rank - j - 1) :].sum() if rows_per_rank - j - 1 else 0.0
+        bound = max(bound, top + rest)
+    return float(bound)
+
+
+def check_step(costs, ranks: int, micro_batches: int, rows_per_micro_batch: int) -> np.ndarray:
+    """The costs as float64 [R*M*b], or a ValueError naming the value that is wrong."""
+    for name, value in (
+        ("data-parallel ranks", ranks),
+        ("micro_batches per rank", micro_batches),
+        ("rows_per_micro_batch", rows_per_micro_batch),
+    ):
+        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"dp balance: {name}={value!r}; expected an integer >= 1")
+    try:
+        array = np.asarray(costs)
+    except ValueError:  # ragged: numpy's own words do not say which input
+        array = np.asarray(costs, dtype=object)
+    if array.ndim != 1 or array.dtype.kind not in "iuf":
+        raise ValueError(
+            f"dp balance: row costs of shape {array.shape} and dtype {array.dtype}; expected a "
+            "1-D sequence of numbers"
+        )
+    array = array.astype(np.float64)
+    slots = ranks * micro_batches * rows_per_micro_batch
+    if len(array) != slots:
+        raise ValueError(
+            f"dp balance: {len(array)} rows in the step; expected ranks x micro_batches x "
+            f"rows_per_micro_batch = {ranks} x {micro_batches} x {rows_per_micro_batch} = {slots}"
+        )
+    bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
+    if len(bad):
+        raise ValueError(
+            f"dp balance: row {int(bad[0])} costs {float(array[bad[0]])!r}; expected a finite cost >= 0"
+        )
+    return array
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
