@@ -43,6 +43,7 @@ from longctx.synthetic.mqar import MqarSpec
 
 EVAL_STREAM = 0x72656361  # the instances' streams: [seed, EVAL_STREAM, condition, i]
 LENGTH_PAIRS = 8  # pairs of a length-condition document
+INTERFERENCE_ROWS = 4  # interference rows per --rows
 
 
 def length_distances(spec: MqarSpec, seq_len: int) -> list[int]:
@@ -63,7 +64,8 @@ def instances(spec: MqarSpec, seq_len: int, seed: int, rows: int, docs: int) -> 
         return np.random.default_rng([seed, EVAL_STREAM, condition, i])
 
     out = [in_distribution_row(rng(0, i), spec, seq_len) for i in range(rows)]
-    out += [interference_row(rng(1, i), spec, seq_len) for i in range(rows)]
+    # an interference row scores its last document only: four times the rows for its share
+    out += [interference_row(rng(1, i), spec, seq_len) for i in range(INTERFERENCE_ROWS * rows)]
     for j, distance in enumerate(length_distances(spec, seq_len)):
         out += [
             length_document(rng(2, j * docs + i), spec, LENGTH_PAIRS, distance) for i in range(docs)
@@ -165,7 +167,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="folder for <name>.csv and <name>.json")
     parser.add_argument("--name", default=None, help="default: each run folder's name")
     parser.add_argument("--instances-seed", type=int, default=0)
-    parser.add_argument("--rows", type=int, default=8, help="rows per packed condition")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=8,
+        help="in-distribution rows (and 4x as many interference rows)",
+    )
     parser.add_argument("--docs", type=int, default=16, help="length documents per distance")
     parser.add_argument("--generate", nargs="*", default=[], choices=CONDITIONS)
     args = parser.parse_args(argv)
