@@ -220,3 +220,19 @@ def test_never_worse_than_todays_order_where_lpt_and_swaps_are():
         costs = long_tailed(6, seed)
         today = unbalanced_step(costs, 2, 3, 1).step_time
         assert balance_step(costs, 2, 3, 1).step_time <= today * (1 + 1e-12)  # summing order
+
+
+@pytest.mark.parametrize(
+    "seq_lens",
+    [[[1, 2], [3]], [[1, "x"]], [["1", "2"]], [[True, False]], [[1, float("nan")]], [1, 2], None],
+)
+def test_row_costs_refuse_lengths_that_are_not_finite_numbers(seq_lens):
+    with pytest.raises(ValueError, match=r"seq_lens of shape .* expected \[rows, segments\]"):
+        RowCost(1.0, 1.0).costs(seq_lens)
+
+
+def test_row_costs_refuse_negative_lengths_and_an_overflowing_step():
+    with pytest.raises(ValueError, match=r"negative length \(-2\)"):
+        RowCost(1.0, 1.0).costs([[1, -2]])
+    with pytest.raises(ValueError, match="the row costs sum to inf"):
+        balance_step([1e308] * 4, 2, 2, 1)
