@@ -229,6 +229,8 @@ def unbalanced_step(costs, ranks: int, micro_batches: int, rows_per_micro_batch:
 def imbalance(rank_costs) -> float:
     """max / mean of per-rank costs (1.0 = even; 1.0 for all-zero costs)."""
     costs = np.asarray(rank_costs, dtype=np.float64)
+    if costs.ndim != 1 or not len(costs) or not np.isfinite(costs).all() or (costs < 0).any():
+        raise ValueError(f"rank costs {costs.tolist()}; expected one finite cost >= 0 per rank")
     mean = costs.mean()
     return float(costs.max() / mean) if mean > 0 else 1.0
 

@@ -126,6 +126,9 @@ def test_equal_costs_spread_identically():
 def test_imbalance_is_max_over_mean():
     assert imbalance([1.0, 2.0, 3.0]) == 1.5
     assert imbalance([0.0, 0.0]) == 1.0
+    for bad in ([], [1.0, float("nan")], [2.0, -1.0]):
+        with pytest.raises(ValueError, match="expected one finite cost >= 0 per rank"):
+            imbalance(bad)
 
 
 def test_bound_says_where_the_target_is_impossible():
