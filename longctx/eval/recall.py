@@ -7,6 +7,8 @@ Conditions (``docs/recall.md``):
   another value by an earlier document of the row (a leak across documents answers wrongly).
 - ``length``: single documents whose queries sit ``distance`` tokens past their keys, in
   buckets past the longest training document, up to 2L.
+- ``anchor``: Zoology's Figure 2 point (sequence 256, 16 pairs, queries at power-law gaps over
+  the 112 slots after the pairs), single documents: the published grid's anchor.
 Each arm reads the rows as it was trained: its own ``document_mask`` and ``reset_position_ids``.
 """
 
@@ -23,7 +25,8 @@ from longctx.data.packing import PackedRow, collate_rows
 from longctx.model.generate import generate_from_batch
 from longctx.synthetic.mqar import FILLER, MqarDocument, MqarSpec
 
-CONDITIONS = ("in_distribution", "interference", "length")
+CONDITIONS = ("in_distribution", "interference", "length", "anchor")
+ANCHOR_LENGTH, ANCHOR_PAIRS = 256, 16  # Zoology's Figure 2: (sequence length, pairs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +139,16 @@ def length_document(
     lead = max(0, distance - 2)
     doc = mqar_document(rng, spec.vocab, num_pairs, spec.slots(num_pairs), spec.power_a, lead)
     return RecallRow("length", (doc,), (0,), len(doc.tokens), distance)
+
+
+def anchor_document(rng: np.random.Generator, spec: MqarSpec) -> RecallRow:
+    """Zoology's (256, 16) example as one document: 16 pairs, then 16 queries over the
+    (256 - 32) / 2 slots of the rest (plus EOS)."""
+    from longctx.synthetic.mqar import mqar_document
+
+    slots = (ANCHOR_LENGTH - 2 * ANCHOR_PAIRS) // 2
+    doc = mqar_document(rng, spec.vocab, ANCHOR_PAIRS, slots, spec.power_a)
+    return RecallRow("anchor", (doc,), (0,), len(doc.tokens))
 
 
 def _copy(doc: MqarDocument) -> MqarDocument:

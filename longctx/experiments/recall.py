@@ -30,6 +30,7 @@ from longctx.eval.recall import (
     CONDITIONS,
     Arm,
     RecallRow,
+    anchor_document,
     generated,
     in_distribution_row,
     interference_row,
@@ -57,8 +58,8 @@ def length_distances(spec: MqarSpec, seq_len: int) -> list[int]:
 
 
 def instances(spec: MqarSpec, seq_len: int, seed: int, rows: int, docs: int) -> list[RecallRow]:
-    """``rows`` in-distribution and interference rows of ``seq_len``, and ``docs`` length
-    documents per distance."""
+    """``rows`` in-distribution and 4x ``rows`` interference rows of ``seq_len``, ``docs``
+    length documents per distance, and ``docs`` anchor documents."""
 
     def rng(condition: int, i: int) -> np.random.Generator:
         return np.random.default_rng([seed, EVAL_STREAM, condition, i])
@@ -70,6 +71,7 @@ def instances(spec: MqarSpec, seq_len: int, seed: int, rows: int, docs: int) -> 
         out += [
             length_document(rng(2, j * docs + i), spec, LENGTH_PAIRS, distance) for i in range(docs)
         ]
+    out += [anchor_document(rng(3, i), spec) for i in range(docs)]
     return out
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from longctx.cli import command
+from longctx.eval.recall import CONDITIONS
 from longctx.experiments.statistics import (
     arm_sample,
     difference,
@@ -118,7 +119,7 @@ def report(frame) -> dict:
 
 def _cell_order(cell: str):
     condition, _, distance = cell.partition("@")
-    return (["in_distribution", "interference", "length"].index(condition), int(distance or 0))
+    return (CONDITIONS.index(condition), int(distance or 0))
 
 
 def figure(result: dict, path: Path) -> None:

@@ -38,7 +38,7 @@ def test_a_trained_recall_run_is_scored_per_instance(tmp_path):
     ]  # fmt: skip
     assert {r["document_mask"] for r in rows} == {r["reset_position_ids"] for r in rows} == {"True"}
     by = {c: [r for r in rows if r["condition"] == c] for c in report["summary"]}
-    assert sorted(by) == ["in_distribution", "interference", "length"]
+    assert sorted(by) == ["anchor", "in_distribution", "interference", "length"]
     for condition, cell in report["summary"].items():
         mine = by[condition]
         assert cell["n"] == len(mine) > 0
@@ -55,3 +55,4 @@ def test_a_trained_recall_run_is_scored_per_instance(tmp_path):
     assert list(report["summary"]["length"]["by_distance"]) == [str(d) for d in distances]
     for r in by["length"]:
         assert int(r["distance"]) >= int(r["target_distance"])
+    assert len(by["anchor"]) == 16  # Zoology's (256, 16): one document of 16 queries
