@@ -1,4 +1,9 @@
-"""Exploration for the MQAR control's calibration (a scratch loop, not the study's pipeline)."""
+"""The MQAR control's calibration scratch loop (docs/recall.md, calibration): longctx's Llama on
+packed MQAR rows with a plain AdamW loop, one thread, accuracy on held-out rows every --every
+steps. The study itself trains through train.py (experiment=recall); this loop found the regime.
+
+    python scripts/mqar_explore.py --lr 3e-3 --steps 3000 --out run.json
+"""
 
 import argparse
 import json
@@ -71,13 +76,24 @@ def packed(rng, rows):
     lens = [x + [0] * (width - len(x)) for x in lens]
     seq = lens if not a.no_mask else [[a.row]] * rows
     return PackedBatch.from_lengths(
-        torch.tensor(np.stack(toks)), seq, reset_position_ids=True, labels=torch.tensor(np.stack(labs))
+        torch.tensor(np.stack(toks)),
+        seq,
+        reset_position_ids=True,
+        labels=torch.tensor(np.stack(labs)),
     )
 
 
 cfg = LlamaConfig(
-    vocab_size=vocab.size, dim=a.dim, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.heads,
-    ffn_dim=a.ffn, max_seq_len=8192, rope_theta=a.theta, attn_backend="sdpa", loss_chunk_size=8192,
+    vocab_size=vocab.size,
+    dim=a.dim,
+    n_layers=a.layers,
+    n_heads=a.heads,
+    n_kv_heads=a.heads,
+    ffn_dim=a.ffn,
+    max_seq_len=8192,
+    rope_theta=a.theta,
+    attn_backend="sdpa",
+    loss_chunk_size=8192,
 )
 model = cfg.build()
 opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.wd, betas=(0.9, 0.95))
@@ -112,9 +128,15 @@ for step in range(1, a.steps + 1):
     tokens += b.tokens.numel()
     if step % a.every == 0 or step == a.steps:
         acc = accuracy()
-        row = dict(step=step, tokens=tokens, loss=round(loss_sum.item() / n, 4), acc=round(acc, 4),
-                   wall=round(time.time() - t0, 1))
+        row = dict(
+            step=step,
+            tokens=tokens,
+            loss=round(loss_sum.item() / n, 4),
+            acc=round(acc, 4),
+            wall=round(time.time() - t0, 1),
+        )
         log.append(row)
         print(json.dumps(row), flush=True)
 if a.out:
-    json.dump(dict(args=vars(a), log=log), open(a.out, "w"))
+    with open(a.out, "w") as f:
+        json.dump(dict(args=vars(a), log=log), f)
