@@ -1,0 +1,51 @@
+"""The committed recall evidence recomputes: the report command, run on the committed per-run
+scores of each result folder under docs/results/recall, writes its committed recall.json and
+per-seed CSV."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from longctx.experiments.recall_report import main
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "recall"
+FOLDERS = sorted({p.parent for p in RESULTS.rglob("scores/*.csv")})
+
+
+def same(a, b, where="") -> None:
+    """Equal structures, floats to 1e-9 relative (a sum's rounding may differ between CPUs)."""
+    assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), where
+    else:
+        assert a == b, where
+
+
+def test_recall_results_are_committed():
+    assert FOLDERS, f"no committed recall scores under {RESULTS}"
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.parent.name)
+def test_the_committed_report_is_what_its_committed_scores_give(tmp_path, folder):
+    evidence = folder.parent
+    main([str(folder), "--out", str(tmp_path)])
+    same(
+        json.loads((tmp_path / "recall.json").read_text()),
+        json.loads((evidence / "recall.json").read_text()),
+    )
+    pd.testing.assert_frame_equal(
+        pd.read_csv(tmp_path / "recall_seeds.csv"), pd.read_csv(evidence / "recall_seeds.csv")
+    )
