@@ -23,7 +23,7 @@ import torch
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.data.packing import PackedRow, collate_rows
 from longctx.model.generate import generate_from_batch
-from longctx.synthetic.mqar import FILLER, MqarDocument, MqarSpec
+from longctx.synthetic.mqar import FILLER, MqarDocument, MqarSpec, mqar_document
 
 CONDITIONS = ("in_distribution", "interference", "length", "anchor")
 ANCHOR_LENGTH, ANCHOR_PAIRS = 256, 16  # Zoology's Figure 2: (sequence length, pairs)
@@ -133,8 +133,6 @@ def length_document(
 ) -> RecallRow:
     """One document of ``num_pairs`` pairs whose queries follow filler that puts every query at
     least ``distance`` tokens past its key (the first one at most ``2 * num_pairs - 2`` more)."""
-    from longctx.synthetic.mqar import mqar_document
-
     # the last pair's key sits 2 tokens before the filler: the nearest any query can be
     lead = max(0, distance - 2)
     doc = mqar_document(rng, spec.vocab, num_pairs, spec.slots(num_pairs), spec.power_a, lead)
@@ -144,8 +142,6 @@ def length_document(
 def anchor_document(rng: np.random.Generator, spec: MqarSpec) -> RecallRow:
     """Zoology's (256, 16) example as one document: 16 pairs, then 16 queries over the
     (256 - 32) / 2 slots of the rest (plus EOS)."""
-    from longctx.synthetic.mqar import mqar_document
-
     slots = (ANCHOR_LENGTH - 2 * ANCHOR_PAIRS) // 2
     doc = mqar_document(rng, spec.vocab, ANCHOR_PAIRS, slots, spec.power_a)
     return RecallRow("anchor", (doc,), (0,), len(doc.tokens))
