@@ -59,6 +59,9 @@ OTHER_DATA_KEYS = (
     "bos_id",  # from add_bos and the tokenizer
     "answer_keys",  # from loss_tokens and the corpus
 )
+# the keys that joined the identity after checkpoints first carried one (2026-12-05): a checkpoint
+# without them is older, not different
+LATER_IDENTITY_KEYS = ("data.tokenizer", "data.add_bos", "data.loss_tokens")
 # how the model runs or where its first weights came from, not which function it computes
 RUNTIME_MODEL_KEYS = ("attn_backend", "activation_checkpointing", "loss_chunk_size", "init_from")
 
@@ -115,10 +118,11 @@ def check_resume(
     saved = (checkpoint.get(CHECKPOINT_KEY) or {}).get("identity")
     if saved is None:
         return {}  # written before checkpoints carried an identity: nothing to compare
-    if unrecorded := sorted(current.keys() - saved.keys()):
+    if unrecorded := sorted((current.keys() - saved.keys()) & set(LATER_IDENTITY_KEYS)):
         # a setting added to the identity since the checkpoint was written: no value to compare
+        # (any other key it lacks is a change: an identity is not trusted for what it omits)
         print(f"{path} does not record {', '.join(unrecorded)} (an older checkpoint): not checked")
-        current = {k: v for k, v in current.items() if k in saved}
+        current = {k: v for k, v in current.items() if k not in unrecorded}
     changes = identity_changes(saved, current)
     refused = {k: v for k, v in changes.items() if k not in allowed}
     if refused:

@@ -91,3 +91,17 @@ def test_a_valid_record_builds_typed_configs(tmp_path):
     data = stored.data_config(seq_len=64)
     assert (data.seq_len, data.document_mask) == (64, False)
     assert stored.config["run"]["seed"] == 3
+
+
+def test_an_older_identity_is_lenient_only_for_the_keys_added_since(capsys):
+    from longctx.runs.identity import LATER_IDENTITY_KEYS, ResumeMismatch, check_resume
+    from longctx.runs.record import CHECKPOINT_KEY
+
+    current = {"model.dim": 64, "data.seq_len": 128} | {k: None for k in LATER_IDENTITY_KEYS}
+    older = {CHECKPOINT_KEY: {"identity": {"model.dim": 64, "data.seq_len": 128}}}
+    assert check_resume(older, current, [], "ckpt") == {}
+    assert "does not record data.add_bos" in capsys.readouterr().out
+    # an identity that omits anything else is not trusted for it (a crafted, empty one)
+    crafted = {CHECKPOINT_KEY: {"identity": {"data.seq_len": 128}}}
+    with pytest.raises(ResumeMismatch, match=r"model.dim: '<absent>' \(checkpoint\) -> 64"):
+        check_resume(crafted, current, [], "ckpt")
