@@ -182,9 +182,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise ValueError(f"--rows {args.rows} --docs {args.docs}; expected counts >= 0, not both 0")
     torch.set_num_threads(1)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; expected a folder for the scores")
     for run in args.runs:
         rows, meta = score_run(run, args)
+        out.mkdir(parents=True, exist_ok=True)  # once a run is scored: a refusal writes nothing
         name = args.name or Path(run).name
         write_csv(out / f"{name}.csv", rows)
         result = {**meta, "summary": summary(rows)}

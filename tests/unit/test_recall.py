@@ -392,3 +392,14 @@ def test_a_prepared_mqar_folder_states_its_distribution_and_a_run_on_it_is_score
     (tmp_path / "other").mkdir()
     with pytest.raises(ValueError, match=re.escape(f"data.shards=['{tmp_path / 'other'}']")):
         trained_spec("r", DataConfig(shards=[str(tmp_path / "other")]))
+
+
+def test_scoring_refuses_before_writing_anything(tmp_path):
+    from longctx.experiments.recall import main as score
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        score([str(tmp_path / "no_run"), "--out", str(tmp_path / "scores")])
+    assert not (tmp_path / "scores").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=re.escape(f"--out {tmp_path / 'file'} is a file")):
+        score([str(tmp_path / "no_run"), "--out", str(tmp_path / "file")])
