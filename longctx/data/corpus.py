@@ -27,7 +27,7 @@ import importlib.util
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from longctx.data.config import MqarCorpus, Synthesized
@@ -196,26 +196,38 @@ def synthesized_dir(
     settings = dataclasses.asdict(spec) | {"version": synth.VERSION}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     name = f"synthesized_L{spec.min_length}-{spec.max_length}_s{spec.seed}_{digest}"
+
+    def write(out: Path) -> None:
+        try:
+            manifest = synth.synthesize(
+                spec.tasks, out, spec.seed, spec.documents, spec.min_length,
+                spec.max_length, spec.haystack, spec.tokenizer,
+                None if cache_dir is None else str(cache_dir),
+            )  # fmt: skip
+        except ValueError as err:  # the mix's settings, in the terms of the config
+            raise ValueError(f"data.shards: the synthesized mix {settings}: {err}") from err
+        train = manifest.splits["train"]
+        print(
+            f"synthesized {train.documents} documents ({', '.join(spec.tasks)}; seed "
+            f"{spec.seed}, {spec.min_length}..{spec.max_length} tokens, {train.tokens} in "
+            f"all) into {out}",
+            flush=True,
+        )
+
+    return _written_once(cache_dir, name, write, lambda out: _check_synthesized(out, settings))
+
+
+def _written_once(
+    cache_dir, name: str, write: Callable[[Path], None], check: Callable[[Path], None]
+) -> Path:
+    """``cache_root/name``, written by ``write`` unless its manifest is there, then ``check``ed
+    (it holds what its name stands for), all under the folder's lock."""
     with _cache_lock(cache_dir, name) as out:
         for stale in out.parent.glob(f".{name}.*.partial"):  # a write killed midway: under
             shutil.rmtree(stale, ignore_errors=True)  # this lock, no live one is writing it
         if not (out / MANIFEST_NAME).is_file():
-            try:
-                manifest = synth.synthesize(
-                    spec.tasks, out, spec.seed, spec.documents, spec.min_length,
-                    spec.max_length, spec.haystack, spec.tokenizer,
-                    None if cache_dir is None else str(cache_dir),
-                )  # fmt: skip
-            except ValueError as err:  # the mix's settings, in the terms of the config
-                raise ValueError(f"data.shards: the synthesized mix {settings}: {err}") from err
-            train = manifest.splits["train"]
-            print(
-                f"synthesized {train.documents} documents ({', '.join(spec.tasks)}; seed "
-                f"{spec.seed}, {spec.min_length}..{spec.max_length} tokens, {train.tokens} in "
-                f"all) into {out}",
-                flush=True,
-            )
-        _check_synthesized(out, settings)
+            write(out)
+        check(out)
     return out
 
 
@@ -227,19 +239,20 @@ def mqar_dir(corpus: MqarCorpus, cache_dir: str | Path | None = None) -> Path:
     settings = dataclasses.asdict(corpus)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     name = f"mqar_s{corpus.seed}_{digest}"
-    with _cache_lock(cache_dir, name) as out:
-        for stale in out.parent.glob(f".{name}.*.partial"):  # a write killed midway
-            shutil.rmtree(stale, ignore_errors=True)
-        if not (out / MANIFEST_NAME).is_file():
-            manifest = write_corpus(
-                out, corpus.spec(), corpus.documents, corpus.seed, corpus.val_documents
-            )
-            train = manifest.splits["train"]
-            print(f"wrote {train.documents} MQAR documents ({train.tokens} tokens) into {out}")
+
+    def write(out: Path) -> None:
+        manifest = write_corpus(
+            out, corpus.spec(), corpus.documents, corpus.seed, corpus.val_documents
+        )
+        train = manifest.splits["train"]
+        print(f"wrote {train.documents} MQAR documents ({train.tokens} tokens) into {out}")
+
+    def check(out: Path) -> None:
         recorded = load_manifest(out).sources
         if len(recorded) != 1 or recorded[0].get("spec") != dataclasses.asdict(corpus.spec()):
             raise ValueError(f"{out} holds another MQAR corpus ({recorded}); remove it")
-    return out
+
+    return _written_once(cache_dir, name, write, check)
 
 
 def _check_synthesized(folder: Path, settings: dict) -> None:

@@ -13,7 +13,6 @@ past the longest training document, up to 2L. Teacher-forced on every instance; 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import time
@@ -21,11 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from longctx.cli import command
 from longctx.data.config import MqarCorpus
 from longctx.eval.cli import load_model
+from longctx.eval.files import write_json, write_rows
 from longctx.eval.recall import (
     CONDITIONS,
     Arm,
@@ -38,7 +37,6 @@ from longctx.eval.recall import (
     records,
     teacher_forced,
 )
-from longctx.io import atomic_write_bytes
 from longctx.runs.record import read_stored_run
 from longctx.synthetic.mqar import MqarSpec
 
@@ -151,16 +149,6 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    import io
-
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_bytes(path, buf.getvalue().encode())
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m longctx.experiments.recall", description=__doc__
@@ -180,17 +168,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if min(args.rows, args.docs) < 0 or args.rows + args.docs == 0:
         raise ValueError(f"--rows {args.rows} --docs {args.docs}; expected counts >= 0, not both 0")
-    torch.set_num_threads(1)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; expected a folder for the scores")
     for run in args.runs:
         rows, meta = score_run(run, args)
-        out.mkdir(parents=True, exist_ok=True)  # once a run is scored: a refusal writes nothing
         name = args.name or Path(run).name
-        write_csv(out / f"{name}.csv", rows)
+        write_rows(rows, out / f"{name}.csv")
         result = {**meta, "summary": summary(rows)}
-        atomic_write_bytes(out / f"{name}.json", (json.dumps(result, indent=2) + "\n").encode())
+        write_json(result, out / f"{name}.json")
         print(json.dumps({"run": name, **result["summary"]}))
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from longctx.cli import command
 from longctx.eval.recall import CONDITIONS
+from longctx.experiments.runs import read_table
 from longctx.experiments.statistics import (
     arm_sample,
     difference,
@@ -45,8 +46,8 @@ DIFFERENCES = [
     ("unmasked, continuous", "unmasked, reset"),
 ]
 INSTANCE = ["row", "query"]
-REQUIRED = {"seed", "document_mask", "reset_position_ids", "condition", "row", "query",
-            "target_distance", "distance", "prediction", "correct"}  # fmt: skip
+NUMERIC = ("seed", "row", "query", "distance", "prediction", "correct")
+TEXT = ("document_mask", "reset_position_ids", "condition", "target_distance")  # blank: no length
 
 
 def read_scores(folder: Path):
@@ -59,10 +60,7 @@ def read_scores(folder: Path):
         )
     frames = []
     for f in files:
-        frame = pd.read_csv(f)
-        missing = REQUIRED - set(frame.columns)
-        if missing:
-            raise ValueError(f"{f}: missing columns {sorted(missing)}; expected {sorted(REQUIRED)}")
+        frame = read_table(f, numeric=NUMERIC, text=TEXT)
         if not np.isin(frame["correct"], (0, 1)).all():
             raise ValueError(f"{f}: column 'correct' holds values other than 0 and 1")
         frames.append(frame.assign(run=f.stem))
