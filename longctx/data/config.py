@@ -98,17 +98,10 @@ class MqarCorpus:
     val_documents: int = 200
 
     def __post_init__(self) -> None:
-        self.spec()  # the owner's checks (longctx.synthetic.mqar)
-        for name in ("documents", "seed", "val_documents"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or value < (name == "documents")
-            ):
-                raise ValueError(
-                    f"data.shards mqar {name}={value!r}; expected an int >= {int(name == 'documents')}"
-                )
+        from longctx.data.mqar_corpus import check_counts  # the owners of these rules
+
+        self.spec()
+        check_counts(self.documents, self.seed, self.val_documents)
 
     def spec(self):
         from longctx.synthetic.mqar import MqarSpec, MqarVocab

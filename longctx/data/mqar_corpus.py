@@ -33,16 +33,21 @@ SHARD_TOKENS = 1 << 24
 STREAM = 0x6D716172
 
 
-def write_corpus(
-    out: str | Path, spec: MqarSpec, documents: int, seed: int, val_documents: int = 200
-) -> Manifest:
-    """``documents`` training and ``val_documents`` validation documents of ``spec`` drawn from
-    ``seed`` into ``out`` (new or empty; it appears whole or not at all)."""
+def check_counts(documents, seed, val_documents) -> None:
+    """A corpus's document counts and seed are ints: documents >= 1, the others >= 0."""
     for name, value, least in (
         ("documents", documents, 1), ("seed", seed, 0), ("val_documents", val_documents, 0)
     ):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name}={value!r}; expected an int >= {least}")
+
+
+def write_corpus(
+    out: str | Path, spec: MqarSpec, documents: int, seed: int, val_documents: int = 200
+) -> Manifest:
+    """``documents`` training and ``val_documents`` validation documents of ``spec`` drawn from
+    ``seed`` into ``out`` (new or empty; it appears whole or not at all)."""
+    check_counts(documents, seed, val_documents)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {out} is not a new or empty folder; choose another")
