@@ -56,6 +56,30 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def write_once(path: str | os.PathLike, data: bytes) -> bytes:
+    """Put ``data`` at ``path`` unless a file of its own is already there, and return what
+    ``path`` holds: writers racing (every rank of a job starting at once) all get the first
+    one's bytes, since a hard link to a finished temp file appears whole and never replaces.
+    A link or a non-file there is not ours: it is replaced by ``data``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=".tmp", dir=path.parent)
+    os.chmod(tmp, file_mode())
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            if (kept := own_bytes(path)) is not None:
+                return kept
+            os.replace(tmp, path)
+        return data
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def own_bytes(path: str | os.PathLike) -> bytes | None:
     """The bytes of ``path`` when it is a plain file (not a link, which is not followed); None
     for anything else or nothing. What an append keeps: a link's target is not ours to copy."""

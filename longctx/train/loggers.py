@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from omegaconf import DictConfig, OmegaConf
 
-from longctx.io import atomic_write_text, own_bytes, require_plain_file
+from longctx.io import atomic_write_text, own_bytes, require_plain_file, write_once
 
 WANDB_ID_FILE = "wandb_run_id"
 
@@ -36,10 +36,9 @@ def persistent_run_id(output_dir: Path) -> str:
     id_file = output_dir / WANDB_ID_FILE
     if (kept := own_bytes(id_file)) is not None:  # a link is not the run's: replaced below
         return kept.decode(errors="replace").strip()
-    run_id = uuid.uuid4().hex[:12]
     output_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(id_file, run_id)
-    return run_id
+    # every rank of a job builds its loggers at once: the first id written is the one all use
+    return write_once(id_file, uuid.uuid4().hex[:12].encode()).decode(errors="replace").strip()
 
 
 def run_label(cfg: DictConfig) -> str:

@@ -116,3 +116,28 @@ def test_the_run_folders_lock_is_never_written_through(tmp_path, outside, how):
     with pytest.raises(RunFolderRefused, match=rf"lock .*{LOCK_FILE} is a"):
         RunFolderLock(tmp_path).acquire()
     assert outside.read_bytes() == OUTSIDE
+
+
+def _start_rank(folder: str, barrier, ids) -> None:
+    barrier.wait()  # every rank of a job builds its loggers at once
+    ids.put(persistent_run_id(Path(folder)))
+
+
+def test_ranks_starting_together_share_one_wandb_id(tmp_path):
+    """Each rank of a SLURM job asks for the run's W&B id as it starts: when each wrote its own,
+    rank 0 logged under an id the folder did not keep, and the requeued job started a second
+    W&B run (tests/e2e/test_slurm.py saw two offline runs)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(5):
+        folder = tmp_path / f"run{attempt}"
+        barrier, ids = ctx.Barrier(4), ctx.Queue()
+        ranks = [ctx.Process(target=_start_rank, args=(str(folder), barrier, ids)) for _ in range(4)]
+        for rank in ranks:
+            rank.start()
+        for rank in ranks:
+            rank.join(timeout=60)
+        seen = {ids.get(timeout=5) for _ in ranks}
+        assert seen == {(folder / "wandb_run_id").read_text()}, seen
+        assert [p.name for p in folder.iterdir()] == ["wandb_run_id"]  # no temp files left
