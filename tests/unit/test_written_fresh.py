@@ -133,7 +133,9 @@ def test_ranks_starting_together_share_one_wandb_id(tmp_path):
     for attempt in range(5):
         folder = tmp_path / f"run{attempt}"
         barrier, ids = ctx.Barrier(4), ctx.Queue()
-        ranks = [ctx.Process(target=_start_rank, args=(str(folder), barrier, ids)) for _ in range(4)]
+        ranks = [
+            ctx.Process(target=_start_rank, args=(str(folder), barrier, ids)) for _ in range(4)
+        ]
         for rank in ranks:
             rank.start()
         for rank in ranks:
