@@ -1,4 +1,4 @@
-"""The leak probe on every attention backend of this machine, in fp32 and bf16: no Hydra, no
+"""The leak probe on every attention backend of this machine, in float32 and bfloat16: no Hydra, no
 Lightning, no corpus (the GPU check runs it where neither is installed).
 
     python -m longctx.probe.backends --device cuda --backends flash,flex,sdpa --out DIR
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.dtypes import dtype_named
 from longctx.io import atomic_write_text
 from longctx.model import Llama, LlamaConfig
 from longctx.probe.checks import ProbeRows, Target, packed_lm_forward, probe
@@ -29,7 +30,6 @@ from longctx.probe.report import Report
 # row lengths of segments: few distinct lengths, so a compiled kernel compiles few shapes for
 # the documents run alone; every row sums to its length with the pad tail last
 DOCUMENT_LENGTHS = (300, 1, 77, 500, 77, 300)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def synthetic_rows(length: int, rows: int, vocab_size: int, seed: int = 0) -> ProbeRows:
@@ -55,14 +55,16 @@ def synthetic_rows(length: int, rows: int, vocab_size: int, seed: int = 0) -> Pr
 def probe_backend(
     backend: str, dtype: str, device: torch.device, length: int, rows: int
 ) -> Report | str:
-    """The report of one (backend, dtype), or why it cannot run here."""
+    """The report of one (backend, dtype), or why it cannot run here; ``dtype`` is a name in
+    longctx.dtypes.DTYPES, the compute dtype (float32: no autocast)."""
+    compute = dtype_named(dtype, "--dtypes")
     torch.manual_seed(0)
     config = LlamaConfig.from_name("tiny", attn_backend=backend, max_seq_len=max(length, 8192))
     try:
         model = Llama(config).to(device).eval()
         context = contextlib.nullcontext
-        if dtype != "fp32":  # as trainer.precision=bf16-mixed: fp32 weights, bf16 autocast
-            context = lambda: torch.autocast(device.type, dtype=DTYPES[dtype])  # noqa: E731
+        if compute != torch.float32:  # as trainer.precision=bf16-mixed: fp32 weights, autocast
+            context = lambda: torch.autocast(device.type, dtype=compute)  # noqa: E731
         target = Target(packed_lm_forward(model), config.vocab_size, True, context=context)
         report = probe(target, [synthetic_rows(length, rows, config.vocab_size).to(device)])
     except (ValueError, RuntimeError, ImportError) as err:
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m longctx.probe.backends")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backends", default="flash,flex,sdpa,eager")
-    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--out", default=None, help="folder for backends.json")

@@ -273,9 +273,9 @@ def test_every_backend_of_the_machine_without_hydra(tmp_path, capsys):
     listed as skipped with the reason; flex (forward only on CPU) and sdpa are probed."""
     from longctx.probe import backends
 
-    args = ["--device", "cpu", "--backends", "sdpa,flex,flash", "--dtypes", "fp32"]
+    args = ["--device", "cpu", "--backends", "sdpa,flex,flash", "--dtypes", "float32"]
     assert backends.main([*args, "--seq-len", "512", "--out", str(tmp_path)]) == 0
     saved = {c["backend"]: c for c in json.loads((tmp_path / "backends.json").read_text())}
     assert saved["sdpa"]["passed"] and saved["flex"]["passed"]
     assert saved["flash"]["skipped"].startswith("skipped: attn_backend='flash' needs a CUDA")
-    assert "| flex | fp32 | PASS |" in capsys.readouterr().out
+    assert "| flex | float32 | PASS |" in capsys.readouterr().out
