@@ -16,7 +16,8 @@
 # SEQ1 (stage 1's length, default 256; stage 2 is 8x it), STEPS1 (default 600 steps of 8 x SEQ1),
 # STEPS2 (150 steps of ROWS2 (1) x 8 SEQ1 per arm), PROBE_SAMPLES (4 per length and depth), RULER_SAMPLES
 # (4 per task, length and depth), MIX_SEED (1000), MIX_TASKS (kv_recall,copy,lc_passkey,lc_niah_single),
-# MIX_DOCUMENTS (4000 per task), INSTANCE_SEED (0); FIGURE (default docs/context_extension.png: each seed's table and numbers go beside it as
+# MIX_DOCUMENTS (4000 per task), INSTANCE_SEED (0); FIGURE (default
+# docs/results/context_extension/context_extension.png: each seed's table and numbers go beside it as
 # _s<seed>.png/.json, the suite's report as _ruler.json/.png); STAGE1 (a trained run folder or
 # checkpoint to extend instead of training stage 1: every seed's stage 2 starts from it, and the
 # extra overrides must name its model, e.g. model=tiny_long model.rope_theta=10000).
@@ -29,7 +30,7 @@ SEEDS="${SEEDS:-0 1}" SEQ1="${SEQ1:-256}" STEPS1="${STEPS1:-600}" STEPS2="${STEP
 PROBE_SAMPLES="${PROBE_SAMPLES:-4}" RULER_SAMPLES="${RULER_SAMPLES:-4}" SEQ2=$(( 8 * SEQ1 ))
 MIX_SEED="${MIX_SEED:-1000}" MIX_DOCUMENTS="${MIX_DOCUMENTS:-4000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
 MIX_TASKS="${MIX_TASKS:-kv_recall,copy,lc_passkey,lc_niah_single}"
-FIGURE="${FIGURE:-docs/context_extension.png}"
+FIGURE="${FIGURE:-docs/results/context_extension/context_extension.png}"
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
 TASKS="lc_passkey,lc_niah_single,lc_copy"
 # 1/4 and 1/2 of the final length (at least the needle tasks' minimum), 1x, 2x and 4x

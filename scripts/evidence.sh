@@ -22,7 +22,7 @@
 #
 # From the environment: SEEDS ("0 1 2"), PARALLEL (2), SEQ1 (256, the control's length), STEPS1
 # (50000), SEQ2 (2048), STEPS2 (600), ROWS2 (2), MIX_DOCUMENTS (20000 per task at stage 1, 4000 at
-# stage 2), SAMPLES (4 per task, length and depth), INSTANCE_SEED (0), OUT_DIR (docs/evidence),
+# stage 2), SAMPLES (4 per task, length and depth), INSTANCE_SEED (0), OUT_DIR (docs/results/evidence),
 # CONTROL_ARMS ("ruler_control ruler_control_nomix"), EVAL_TASKS, LENGTHS1, LENGTHS2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +46,7 @@ fi
 SEEDS="${SEEDS:-0 1 2}" PARALLEL="${PARALLEL:-2}" SEQ1="${SEQ1:-256}" STEPS1="${STEPS1:-50000}"
 SEQ2="${SEQ2:-2048}" STEPS2="${STEPS2:-600}" ROWS2="${ROWS2:-2}" SAMPLES="${SAMPLES:-4}"
 DOCS1="${MIX_DOCUMENTS:-20000}" DOCS2="${MIX_DOCUMENTS:-4000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
-OUT_DIR="${OUT_DIR:-docs/evidence}" CONTROL_ARMS="${CONTROL_ARMS:-ruler_control ruler_control_nomix}"
+OUT_DIR="${OUT_DIR:-docs/results/evidence}" CONTROL_ARMS="${CONTROL_ARMS:-ruler_control ruler_control_nomix}"
 ANSWER_DOCS="${ANSWER_DOCS:-64}" ARCHIVE="$OUT_DIR/runs"
 # every number checked before one is used (a LENGTHS default is arithmetic on SEQ1 and SEQ2)
 for var in SEQ1 STEPS1 SEQ2 STEPS2 ROWS2 SAMPLES DOCS1 DOCS2 PARALLEL ANSWER_DOCS; do

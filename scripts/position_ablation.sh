@@ -12,8 +12,8 @@
 # validations, min(STEPS, 100)), ROWS (rows per step, 1), INIT_FROM
 # (a trained run folder: every arm continues from its weights; default from scratch), MIX_SEED (1000), INSTANCE_SEED (0),
 # SAMPLES (4 per task, length and depth), TASKS and LENGTHS of the final evaluation (four tasks at
-# SEQ/4, SEQ/2, SEQ, 2 SEQ), MIX_DOCUMENTS (4000 per task), OUT (docs/position_ablation_mix: .png/.json for the loss,
-# _ruler.*). The positive control needed ~20 M tokens before tiny_long copied at a distance
+# SEQ/4, SEQ/2, SEQ, 2 SEQ), MIX_DOCUMENTS (4000 per task), OUT
+# (docs/results/position_ablation_mix/position_ablation_mix: .png/.json for the loss, _ruler.*). The positive control needed ~20 M tokens before tiny_long copied at a distance
 # (docs/effective-length.md); 300 x 4096 is 1.2 M per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ PY="${PYTHON:-.venv/bin/python}"
 ROOT="${1:-outputs/position_ablation}"
 shift || true
 MODEL="${MODEL:-tiny}" SEQ="${SEQ:-4096}" STEPS="${STEPS:-300}" MIX_SEED="${MIX_SEED:-1000}"
-INSTANCE_SEED="${INSTANCE_SEED:-0}" SAMPLES="${SAMPLES:-4}" OUT="${OUT:-docs/position_ablation_mix}"
+INSTANCE_SEED="${INSTANCE_SEED:-0}" SAMPLES="${SAMPLES:-4}" OUT="${OUT:-docs/results/position_ablation_mix/position_ablation_mix}"
 DOCS="${MIX_DOCUMENTS:-4000}" ROWS="${ROWS:-1}" INIT_FROM="${INIT_FROM:-}"
 # continued pretraining: every arm starts from INIT_FROM's weights (pass its model and RoPE too,
 # e.g. MODEL=tiny_long model.rope_theta=10000), so the arms differ in what they train on last

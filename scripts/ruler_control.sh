@@ -11,7 +11,8 @@
 # From the environment: SEQ (training length, default 256), SEED (training seed, 0), MIX_SEED
 # (the synthesized mix's seed, 1000), INSTANCE_SEED (the suite's, 0), SAMPLES (per task, length
 # and depth, 10), LENGTHS (default SEQ/2 (>= 192), SEQ, 2 SEQ), MIX_DOCUMENTS (20000 per task;
-# the repeat folder 3x), OUT (default docs/ruler_control.json; the figure goes beside it as .png),
+# the repeat folder 3x), OUT (default docs/results/ruler_control/ruler_control.json; the figure
+# goes beside it as .png),
 # PARALLEL (1: the two arms at once, one thread each, their logs in RUNS_ROOT/<arm>.log; 0: in turn).
 # The control arm synthesizes its two mixes (experiment=ruler_control's ruler_mix and ruler_repeat)
 # into the cache on first use; a later run with the same settings reuses them.
@@ -21,7 +22,7 @@ PY="${PYTHON:-.venv/bin/python}"
 ROOT="${1:-outputs/ruler_control}"
 shift || true
 SEQ="${SEQ:-256}" SEED="${SEED:-0}" MIX_SEED="${MIX_SEED:-1000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
-SAMPLES="${SAMPLES:-10}" PARALLEL="${PARALLEL:-1}" OUT="${OUT:-docs/ruler_control.json}" DOCS="${MIX_DOCUMENTS:-20000}"
+SAMPLES="${SAMPLES:-10}" PARALLEL="${PARALLEL:-1}" OUT="${OUT:-docs/results/ruler_control/ruler_control.json}" DOCS="${MIX_DOCUMENTS:-20000}"
 TASKS="lc_passkey,lc_niah_single,lc_copy"
 # half the training length (at least the needle tasks' minimum), the training length, twice it
 LENGTHS="${LENGTHS:-$(( SEQ / 2 < 192 ? 192 : SEQ / 2 )) $SEQ $(( 2 * SEQ ))}"

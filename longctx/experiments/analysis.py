@@ -5,7 +5,7 @@ Every loader returns one tidy frame with the columns of :data:`COLUMNS`: one row
 ``reset_position_ids`` and ``document_mask`` and a readable label. Plots are matplotlib figures
 (Agg backend), saved as PNG, so they read the same with or without a notebook.
 
-    python -m longctx.experiments.analysis LOCAL_FOLDER --out docs/ablation.png
+    python -m longctx.experiments.analysis LOCAL_FOLDER --out docs/results/position_ablation/ablation.png
     python -m longctx.experiments.analysis --wandb ENTITY/PROJECT --group position_ablation --out ablation.png
 """
 
@@ -329,7 +329,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("folder", nargs="?", type=Path, help="local folder holding run folders")
     p.add_argument("--wandb", default=None, help="W&B ENTITY/PROJECT (instead of a folder)")
     p.add_argument("--group", default="position_ablation", help="W&B group (with --wandb)")
-    p.add_argument("--out", type=Path, default=Path("docs/ablation.png"))
+    p.add_argument("--out", type=Path, default=Path("docs/results/position_ablation/ablation.png"))
     p.add_argument("--smoothing", type=float, default=0.9)
     p.add_argument("--title", default=None)
     p.add_argument(
