@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from longctx.hf.folders import CONFIG_FILE
 from longctx.model.config import LlamaConfig
 from longctx.model.rope import RopeScaling
 
-CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 

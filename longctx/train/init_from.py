@@ -26,7 +26,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from longctx.hf.checkpoint import CONFIG_FILE, _check_supported, config_from_hf, to_hf_name
+from longctx.hf.checkpoint import _check_supported, config_from_hf, to_hf_name
+from longctx.hf.folders import CONFIG_FILE
 from longctx.model.config import LlamaConfig
 from longctx.runs.folder import is_run_folder, last_checkpoint
 from longctx.runs.sharded import (
