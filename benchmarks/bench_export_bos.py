@@ -43,7 +43,8 @@ class BosByteTokenizer(ByteTokenizer):
 
 
 def prepare_arms(work: Path) -> dict[str, Path]:
-    from longctx.data.corpus import CORPUS_NAME, VAL_FRACTION, cache_root, default_corpus_dir
+    from longctx.data.cache import cache_root
+    from longctx.data.corpus import CORPUS_NAME, VAL_FRACTION, default_corpus_dir
     from longctx.data.prepare import prepare
 
     plain = default_corpus_dir(CACHE)

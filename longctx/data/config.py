@@ -7,6 +7,11 @@ import math
 import os
 from typing import Any
 
+from longctx.data.tokenizer import TOKENIZER_NAMES
+from longctx.synthetic import TaskInputError
+from longctx.synthetic.mqar import MqarSpec, MqarVocab
+from longctx.synthetic.tasks import check_tasks
+
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
@@ -44,6 +49,30 @@ class LengthUpsampling:
             raise ValueError(f"{where}.per_source={self.per_source!r}; expected true or false")
 
 
+def check_mix_settings(tasks, seed, documents, min_length, max_length) -> list[str]:
+    """The task names of a synthesized mix (python -m longctx.data.synthesize), once its
+    settings are ones the synthesizer can use (else one line naming the value)."""
+    names = check_tasks(tasks, "synthesize")
+    for name, value, least in (("seed", seed, 0), ("documents", documents, 1),
+                               ("min_length", min_length, 2)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise TaskInputError(f"{name}={value!r}; expected an int >= {least}")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < min_length:
+        raise TaskInputError(
+            f"max_length={max_length!r}; expected an int >= min_length={min_length}"
+        )
+    return names
+
+
+def check_counts(documents, seed, val_documents) -> None:
+    """An MQAR corpus's document counts and seed are ints: documents >= 1, the others >= 0."""
+    for name, value, least in (
+        ("documents", documents, 1), ("seed", seed, 0), ("val_documents", val_documents, 0)
+    ):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name}={value!r}; expected an int >= {least}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Synthesized:
     """A ``data.shards`` entry named by its settings, not by a folder: long-range documents
@@ -59,10 +88,8 @@ class Synthesized:
     tokenizer: str | None = None  # None: the run's (data.tokenizer; the bytes when unset)
 
     def __post_init__(self) -> None:
-        from longctx.data.synthesize import check_settings  # the owner of these rules
-
-        names = check_settings(self.tasks, self.seed, self.documents, self.min_length,
-                               self.max_length)  # fmt: skip
+        names = check_mix_settings(self.tasks, self.seed, self.documents, self.min_length,
+                                   self.max_length)  # fmt: skip
         object.__setattr__(self, "tasks", tuple(names))
 
     @classmethod
@@ -98,14 +125,10 @@ class MqarCorpus:
     val_documents: int = 200
 
     def __post_init__(self) -> None:
-        from longctx.data.mqar_corpus import check_counts  # the owners of these rules
-
         self.spec()
         check_counts(self.documents, self.seed, self.val_documents)
 
-    def spec(self):
-        from longctx.synthetic.mqar import MqarSpec, MqarVocab
-
+    def spec(self) -> MqarSpec:
         vocab = MqarVocab(self.num_keys, self.num_values)
         return MqarSpec(vocab, self.min_pairs, self.max_pairs, self.slot_ratio)
 
@@ -283,8 +306,6 @@ def _shard(entry: Any, where: str) -> str | Synthesized | MqarCorpus:
 
 def _check_tokenizer_name(name: Any) -> None:
     """A tokenizer name or an existing tokenizer folder (nothing is downloaded)."""
-    from longctx.data.tokenizer import TOKENIZER_NAMES
-
     if name is None or name in TOKENIZER_NAMES:
         return
     if not isinstance(name, str) or not os.path.isdir(name):

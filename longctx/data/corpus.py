@@ -10,30 +10,32 @@ split) are kept out of the chapter corpus: no training row ever contains them. E
 document of ``long_documents_dir()``, the long held-out texts that per-position loss beyond the
 training length is measured on (longctx.eval.long_documents).
 
-``default_corpus_dir()`` prepares it (byte tokenizer) on first use into
-``$LONGCTX_CACHE`` (default ``~/.cache/longctx``) under a file lock, so DDP ranks that call it
-at once prepare it once; later calls only check the manifest. ``synthesized_dir()`` does the
-same for a synthesized long-range mix that ``data.shards`` names by its settings (an
-experiment's mix: no separate step before the first run).
+``default_corpus_dir()`` prepares it (byte tokenizer) on first use into the cache
+(longctx.data.cache: ``$LONGCTX_CACHE``, default ``~/.cache/longctx``) under a file lock, so DDP
+ranks that call it at once prepare it once; later calls only check the manifest.
+
+The haystacks of the synthetic tasks are named here (``resolve_haystack``): "books" (the
+held-out books: what the suite reads), "embedded" (the training chapters: what the synthesizer
+reads), "noise" (the lc_* filler, no corpus) or a prepared folder (its train split).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
 import os
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-from longctx.data.config import MqarCorpus, Synthesized
+from longctx.data.cache import cache_lock
 from longctx.data.prepare import prepare
-from longctx.data.shards import MANIFEST_NAME, load_manifest
+from longctx.data.shards import MANIFEST_NAME, ShardSet
+from longctx.data.tokenizer import load_tokenizer
 from longctx.io import atomic_write_bytes
+from longctx.synthetic.haystacks import CorpusHaystack, FillerHaystack
+from longctx.synthetic.pieces import TaskInputError
 
 KJV_SHA256 = "51a4d6ed5592001b9386e2f292d3953132a2662240eb8ad08533d625f1259717"
 # v2: without HELD_OUT_BOOKS (the name changed with the contents, so an old cache is not reused)
@@ -44,12 +46,6 @@ HELD_OUT_BOOKS = ("Ecclesiastes", "Lamentations", "Hosea", "Zechariah", "Romans"
 VAL_FRACTION = 0.05
 # the name that stands for the embedded corpus in data.shards (mixed with prepared folders)
 EMBEDDED = "embedded"  # about 60 chapters (200 kB): enough for 16 validation rows of 8192
-
-
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """``cache_dir``, else $LONGCTX_CACHE, else ~/.cache/longctx."""
-    root = cache_dir or os.environ.get("LONGCTX_CACHE") or Path.home() / ".cache" / "longctx"
-    return Path(root).expanduser()
 
 
 def kjv_source_path() -> Path:
@@ -136,22 +132,11 @@ def _tokenized_name(name: str, tokenizer: str | None) -> str:
     return f"{name}-hf-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
 
 
-@contextlib.contextmanager
-def _cache_lock(cache_dir, name: str) -> Iterator[Path]:
-    """Holds ``cache_root/name``'s lock (DDP ranks preparing it at once prepare it once);
-    yields the folder."""
-    root = cache_root(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        yield root / name
-
-
 def _prepared(
     name: str, records, val_fraction: float, cache_dir, progress: bool, tokenizer=None
 ) -> Path:
     """``cache_root/name``, prepared from ``records(kjv source)`` once, under a lock."""
-    with _cache_lock(cache_dir, name) as out:
+    with cache_lock(cache_dir, name) as out:
         root = out.parent
         source = kjv_source_path()
         jsonl = root / f"{name}.jsonl"
@@ -169,99 +154,44 @@ def _prepared(
     return out
 
 
-def shard_folder(entry, cache_dir: str | Path | None = None, tokenizer: str | None = None) -> Path:
-    """The prepared folder of one ``data.shards`` entry: the name ``embedded`` is the embedded
-    corpus, a Synthesized entry a synthesized mix (both prepared on first use), anything else a
-    folder. ``tokenizer``: the run's data.tokenizer."""
-    if isinstance(entry, Synthesized):
-        return synthesized_dir(entry, cache_dir, default_tokenizer=tokenizer)
-    if isinstance(entry, MqarCorpus):
-        return mqar_dir(entry, cache_dir)
-    if entry == EMBEDDED:
-        return default_corpus_dir(cache_dir, tokenizer=tokenizer)
-    return Path(entry)
+# --------------------------------------------------------------------------- haystacks
+def resolve_haystack(spec, cache_dir: str | None = None):
+    """'books' (the embedded held-out books: no training row holds them), 'embedded' (the
+    embedded corpus's training chapters: for training documents), 'noise' (the lc_* filler),
+    a prepared folder, or a haystack object (returned as is)."""
+    if not isinstance(spec, str | Path):
+        return spec
+    return _resolve(str(spec), cache_dir)
 
 
-# --------------------------------------------------------------------------- synthesized mixes
-def synthesized_dir(
-    spec: Synthesized, cache_dir: str | Path | None = None, default_tokenizer: str | None = None
-) -> Path:
-    """The folder of a synthesized mix (a ``data.shards`` entry named by its settings) in the
-    cache, synthesized once (under a lock) if needed. Its name is a digest of the settings and
-    of the generator's version: the same settings find it again, changed ones get another.
-    ``default_tokenizer``: the run's (data.tokenizer), for a spec that names none."""
-    from longctx.data import synthesize as synth  # the task generators: only for a mix
+@functools.lru_cache(maxsize=16)
+def _resolve(spec: str, cache_dir: str | None):
+    """One haystack object per name and cache folder: a corpus is decoded once per process."""
+    if spec == "noise":
+        return FillerHaystack()
+    if spec == "books":
+        return folder_haystack(long_documents_dir(cache_dir), name="books")
+    if spec == "embedded":
+        return folder_haystack(default_corpus_dir(cache_dir), name="embedded")
+    return folder_haystack(Path(spec))
 
-    spec = dataclasses.replace(spec, tokenizer=spec.tokenizer or default_tokenizer or "byte")
-    settings = dataclasses.asdict(spec) | {"version": synth.VERSION}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    name = f"synthesized_L{spec.min_length}-{spec.max_length}_s{spec.seed}_{digest}"
 
-    def write(out: Path) -> None:
-        try:
-            manifest = synth.synthesize(
-                spec.tasks, out, spec.seed, spec.documents, spec.min_length,
-                spec.max_length, spec.haystack, spec.tokenizer,
-                None if cache_dir is None else str(cache_dir),
-            )  # fmt: skip
-        except ValueError as err:  # the mix's settings, in the terms of the config
-            raise ValueError(f"data.shards: the synthesized mix {settings}: {err}") from err
-        train = manifest.splits["train"]
-        print(
-            f"synthesized {train.documents} documents ({', '.join(spec.tasks)}; seed "
-            f"{spec.seed}, {spec.min_length}..{spec.max_length} tokens, {train.tokens} in "
-            f"all) into {out}",
-            flush=True,
+def folder_haystack(folder: str | Path, split: str = "train", name: str | None = None):
+    """The sentences of ``folder``'s ``split``, decoded on first use with the folder's own
+    tokenizer."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TaskInputError(
+            f"haystack folder does not exist ({folder}); expected a prepared folder "
+            "(python -m longctx.data.prepare), 'books', 'embedded' or 'noise'"
         )
-
-    return _written_once(cache_dir, name, write, lambda out: _check_synthesized(out, settings))
-
-
-def _written_once(
-    cache_dir, name: str, write: Callable[[Path], None], check: Callable[[Path], None]
-) -> Path:
-    """``cache_root/name``, written by ``write`` unless its manifest is there, then ``check``ed
-    (it holds what its name stands for), all under the folder's lock."""
-    with _cache_lock(cache_dir, name) as out:
-        for stale in out.parent.glob(f".{name}.*.partial"):  # a write killed midway: under
-            shutil.rmtree(stale, ignore_errors=True)  # this lock, no live one is writing it
-        if not (out / MANIFEST_NAME).is_file():
-            write(out)
-        check(out)
-    return out
+    return CorpusHaystack(
+        name or str(folder), lambda: folder_text(folder, split), f" in its {split} split"
+    )
 
 
-def mqar_dir(corpus: MqarCorpus, cache_dir: str | Path | None = None) -> Path:
-    """The folder of an MQAR corpus (a ``data.shards`` entry named by its settings) in the
-    cache, written once (under a lock) if needed."""
-    from longctx.data.mqar_corpus import write_corpus
-
-    settings = dataclasses.asdict(corpus)
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    name = f"mqar_s{corpus.seed}_{digest}"
-
-    def write(out: Path) -> None:
-        manifest = write_corpus(
-            out, corpus.spec(), corpus.documents, corpus.seed, corpus.val_documents
-        )
-        train = manifest.splits["train"]
-        print(f"wrote {train.documents} MQAR documents ({train.tokens} tokens) into {out}")
-
-    def check(out: Path) -> None:
-        recorded = load_manifest(out).sources
-        if len(recorded) != 1 or recorded[0].get("spec") != dataclasses.asdict(corpus.spec()):
-            raise ValueError(f"{out} holds another MQAR corpus ({recorded}); remove it")
-
-    return _written_once(cache_dir, name, write, check)
-
-
-def _check_synthesized(folder: Path, settings: dict) -> None:
-    """The folder's manifest records the settings its name stands for (never a stale mix)."""
-    recorded = load_manifest(folder).sources
-    keys = ("version", "tasks", "seed", "documents", "min_length", "max_length")
-    expected = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
-    if len(recorded) != 1 or any(recorded[0].get(k) != expected[k] for k in keys):
-        raise ValueError(
-            f"{folder} holds documents synthesized with other settings ({recorded}); expected "
-            f"{ {k: expected[k] for k in keys} }: remove the folder to synthesize it again"
-        )
+def folder_text(folder: Path, split: str) -> str:
+    """The documents of ``folder``'s ``split`` as text, one blank line between documents."""
+    docs = ShardSet(folder, split)
+    own = load_tokenizer(docs.manifest.tokenizer)
+    return "\n\n".join(own.decode(docs.document(i)[:-1]) for i in range(docs.num_documents))

@@ -8,7 +8,8 @@ The manifest's tokenizer is ``{"kind": "mqar", ...}``: the synthetic vocabulary 
 EOS 1, the keys, then the values) and the document distribution, so a run trained on it is
 known by what its tokens mean. Every document ends with EOS. Train with
 ``data=shards data.shards=[DIR] data.loss_tokens=answers``: the loss then counts the answers
-only (the value after each query), as Zoology trains MQAR.
+only (the value after each query), as Zoology trains MQAR. A ``data.shards`` entry
+``{mqar: {...}}`` (``MqarCorpus``) is written into the cache on first use (``mqar_dir``).
 """
 
 from __future__ import annotations
@@ -23,23 +24,22 @@ from pathlib import Path
 import numpy as np
 
 from longctx.cli import command
-from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, load_manifest, write_manifest
-from longctx.data.synthesize import staged_folder
+from longctx.data.cache import written_once
+from longctx.data.config import MqarCorpus, check_counts
+from longctx.data.shards import (
+    FORMAT_VERSION,
+    Manifest,
+    SplitWriter,
+    load_manifest,
+    staged_folder,
+    write_manifest,
+)
 from longctx.synthetic.mqar import EOS, FILLER, KIND, MqarSpec, MqarVocab, tokenizer_spec
 
 SHARD_TOKENS = 1 << 24
 # the corpus's random streams are [seed, STREAM, split]: the held-out instances of
 # longctx.eval.recall draw from streams of their own, never these
 STREAM = 0x6D716172
-
-
-def check_counts(documents, seed, val_documents) -> None:
-    """A corpus's document counts and seed are ints: documents >= 1, the others >= 0."""
-    for name, value, least in (
-        ("documents", documents, 1), ("seed", seed, 0), ("val_documents", val_documents, 0)
-    ):  # fmt: skip
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name}={value!r}; expected an int >= {least}")
 
 
 def write_corpus(
@@ -91,6 +91,28 @@ def corpus_spec(folder: str | Path) -> MqarSpec:
         )
     spec = dict(sources[0]["spec"])
     return MqarSpec(MqarVocab(**spec.pop("vocab")), **spec)
+
+
+def mqar_dir(corpus: MqarCorpus, cache_dir: str | Path | None = None) -> Path:
+    """The folder of an MQAR corpus (a ``data.shards`` entry named by its settings) in the
+    cache, written once (under a lock) if needed."""
+    settings = dataclasses.asdict(corpus)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    name = f"mqar_s{corpus.seed}_{digest}"
+
+    def write(out: Path) -> None:
+        manifest = write_corpus(
+            out, corpus.spec(), corpus.documents, corpus.seed, corpus.val_documents
+        )
+        train = manifest.splits["train"]
+        print(f"wrote {train.documents} MQAR documents ({train.tokens} tokens) into {out}")
+
+    def check(out: Path) -> None:
+        recorded = load_manifest(out).sources
+        if len(recorded) != 1 or recorded[0].get("spec") != dataclasses.asdict(corpus.spec()):
+            raise ValueError(f"{out} holds another MQAR corpus ({recorded}); remove it")
+
+    return written_once(cache_dir, name, write, check)
 
 
 def _write_split(

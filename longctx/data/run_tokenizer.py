@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from longctx.data.config import DataConfig
-from longctx.data.corpus import EMBEDDED, shard_folder
+from longctx.data.config import DataConfig, MqarCorpus, Synthesized
+from longctx.data.corpus import EMBEDDED, default_corpus_dir
+from longctx.data.mqar_corpus import mqar_dir
 from longctx.data.shards import load_manifest
+from longctx.data.synthesize import synthesized_dir
 from longctx.data.tokenizer import data_tokenizer
 
 
@@ -25,6 +27,19 @@ def data_folders(config: DataConfig) -> list[Path]:
         raise ValueError("DataConfig.shards=[]; expected prepared folders or None")
     entries = [EMBEDDED] if config.shards is None else config.shards
     return [shard_folder(entry, config.cache_dir, config.tokenizer) for entry in entries]
+
+
+def shard_folder(entry, cache_dir: str | Path | None = None, tokenizer: str | None = None) -> Path:
+    """The prepared folder of one ``data.shards`` entry: the name ``embedded`` is the embedded
+    corpus, a Synthesized entry a synthesized mix, an MqarCorpus an MQAR corpus (each prepared
+    on first use), anything else a folder. ``tokenizer``: the run's data.tokenizer."""
+    if isinstance(entry, Synthesized):
+        return synthesized_dir(entry, cache_dir, default_tokenizer=tokenizer)
+    if isinstance(entry, MqarCorpus):
+        return mqar_dir(entry, cache_dir)
+    if entry == EMBEDDED:
+        return default_corpus_dir(cache_dir, tokenizer=tokenizer)
+    return Path(entry)
 
 
 def run_tokenizer(config: DataConfig) -> dict:

@@ -15,8 +15,13 @@ A reader trusts only shards listed in a complete manifest whose files have the l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +190,27 @@ def shard_files_intact(folder: Path, manifest: Manifest) -> bool:
                 if not path.is_file() or path.stat().st_size != size:
                     return False
     return True
+
+
+@contextlib.contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A new folder beside ``out``, renamed to ``out`` (new or empty) when the block completes;
+    removed, with the parent folders made for it, when the block raises."""
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # innermost first
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    stage.chmod(0o777 & ~umask)  # as a plain mkdir would (mkdtemp makes it private)
+    try:
+        yield stage
+        os.rename(stage, out)  # onto an empty folder too (POSIX)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        for parent in made:
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        raise
 
 
 # --------------------------------------------------------------------------- writer

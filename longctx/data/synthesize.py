@@ -5,9 +5,10 @@
 
 Every document is a retrieval the model can only do by reading back: its length is drawn
 log-uniformly in [min, max] tokens, and its needles anywhere in it, so the distances from an
-answer back to its needle reach the row length. Tasks:
+answer back to its needle reach the row length. Tasks (the registry's ``dense``, ``ood`` and
+``lc`` families: longctx.synthetic.tasks):
 
-- ``kv_recall``: one key-value needle in the suite's niah format ("The magic number for
+- ``kv_recall`` (longctx.synthetic.dense): one key-value needle in the suite's niah format ("The magic number for
   quiet-river is 48213.") per ~256 tokens, and a question for each ("What is the magic number
   for quiet-river? The magic number for quiet-river is 48213.") somewhere after it: a dense
   signal, the eval's question format;
@@ -25,6 +26,8 @@ The documents of the tasks alternate (document i is task i mod T). The folder is
 prepared folder (its train split), so ``data.shards=[embedded, DIR]`` with ``data.weights``
 mixes it with the embedded corpus. The weights choose sources per *document*: an embedded
 chapter is ~3,600 tokens, so a token share needs the ratio of mean lengths (printed at the end).
+A ``data.shards`` entry that names a mix by its settings (``Synthesized``) is synthesized into
+the cache on first use (``synthesized_dir``).
 
 Disjoint from what the suite evaluates: the haystack is the embedded corpus's *training*
 chapters (the suite's default haystack is the held-out books, which no training row holds), and
@@ -35,117 +38,47 @@ every random choice comes from a stream named ``synthesize/<seed>/...`` (the sui
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import hashlib
 import json
 import math
-import os
 import random
-import shutil
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from longctx.cli import command
-from longctx.data.config import Synthesized
-from longctx.data.haystack import resolve_haystack
-from longctx.data.shards import FORMAT_VERSION, Manifest, SplitWriter, load_manifest, write_manifest
+from longctx.data.cache import written_once
+from longctx.data.config import Synthesized, check_mix_settings
+from longctx.data.corpus import resolve_haystack
+from longctx.data.shards import (
+    FORMAT_VERSION,
+    Manifest,
+    SplitWriter,
+    load_manifest,
+    staged_folder,
+    write_manifest,
+)
 from longctx.data.tokenizer import load_tokenizer
-from longctx.synthetic import DoesNotFit, Encoder, Layout, assemble, ood
-from longctx.synthetic import TaskInputError as RulerInputError
-from longctx.synthetic import cat as _cat
-from longctx.synthetic.legacy import DIGITS, SPAN
-from longctx.synthetic.legacy import keys as _keys
-from longctx.synthetic.legacy import needle as _needle
-from longctx.synthetic.legacy import number as _number
-from longctx.synthetic.tasks import TASKS, check_names, lay_out
+from longctx.synthetic import DoesNotFit, Encoder, TaskInputError
+from longctx.synthetic.tasks import TASKS, training_tokens
 
 KIND = "synthesize"
 VERSION = 1
-# the dense tasks: a needle (and its question or repeat) per this many tokens of the document
-KV_EVERY, COPY_EVERY = 256, 128
 SHARD_TOKENS = 1 << 24
 
 
-# ------------------------------------------------------------------------ dense tasks
-def kv_recall(rng: random.Random, enc, length: int) -> Layout:
-    count = max(1, length // KV_EVERY)
-    keys = _keys(rng, count)
-    inserts = []
-    for key in keys:
-        value, at = _number(rng, DIGITS), rng.random()
-        prefix = f" The magic number for {key} is"
-        question = _cat(enc(f" What is the magic number for {key}?"), enc(prefix))
-        inserts.append((at, _needle(enc, prefix, value)))
-        inserts.append((rng.uniform(at, 1.0), _cat(question, enc(f" {value}"), enc(". "))))
-    return Layout(inserts=inserts)
-
-
-def copy_dense(rng: random.Random, enc, length: int) -> Layout:
-    inserts = []
-    for _ in range(max(1, length // COPY_EVERY)):
-        span = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(SPAN))
-        piece = _cat(enc(" Copy this:"), enc(f" {span}"), enc(". "))
-        at = rng.random()
-        inserts += [(at, piece), (rng.uniform(at, 1.0), piece)]
-    return Layout(inserts=inserts)
-
-
-def repeat(rng: random.Random, enc, length: int) -> Layout:
-    """Random letters, then the same letters again: half the document is predictable by
-    induction alone (the densest signal; no haystack, no template)."""
-    span = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(max(4, length // 2 - 1)))
-    piece = _cat(enc(f"{span}\n"), enc(f"{span}\n"))
-    return Layout(inserts=[(0.0, piece)])
-
-
-DENSE = {"kv_recall": kv_recall, "copy": copy_dense, "repeat": repeat}
-
-
-def check_tasks(names: Sequence[str] | str) -> list[str]:
-    """The training tasks: the dense ones and the suite's (None is no task: refused)."""
-    known = [*DENSE, *ood.TASKS, *(t for t in TASKS if not TASKS[t].ruler)]
-    return check_names([] if names is None else names, known)
-
-
-# -------------------------------------------------------------------------- documents
 def document(name: str, index: int, seed: int, tokenizer, lengths, haystack) -> np.ndarray:
     """Training document ``index`` of task ``name`` (ending in EOS)."""
     rng = random.Random(f"{KIND}/{seed}/{name}/{index}")
     low, high = lengths
     length = round(math.exp(rng.uniform(math.log(low), math.log(high))))
-    enc = Encoder(tokenizer)
-    if name in ood.TASKS:  # the suite's formats nowhere (longctx.synthetic.ood)
-        tokens, _ = ood.document(name, rng, enc, length - 1, haystack.units(enc, rng, " "))
-        if len(tokens) >= high:
-            raise RulerInputError(f"{name} does not fit --max-length {high}; raise it")
-    elif name in DENSE:
-        layout = DENSE[name](rng, enc, length)
-        if layout.fixed_tokens > high:
-            raise RulerInputError(f"{name} does not fit --max-length {high}; raise it")
-        length = max(length, layout.fixed_tokens)  # a short draw still holds one needle
-        filler = haystack.tokens(enc, rng, length)  # needles at any token, not per sentence
-        tokens = assemble(layout, length, (filler[i : i + 1] for i in range(length))).prompt
-    else:
-        tokens = _instance_tokens(TASKS[name], tokenizer, length, high, rng, haystack)
+    try:
+        tokens = training_tokens(TASKS[name], rng, Encoder(tokenizer), length, high, haystack)
+    except DoesNotFit:
+        raise TaskInputError(f"{name} does not fit --max-length {high}; raise it") from None
     return np.append(tokens, tokenizer.eos_id).astype(np.int64)
-
-
-def _instance_tokens(spec, tokenizer, length: int, longest: int, rng, haystack) -> np.ndarray:
-    """A suite instance at ``length`` or, when that is too short for it, the next doubling."""
-    depth = rng.random()
-    while True:
-        try:
-            layout, laid = lay_out(spec, Encoder(tokenizer), length, depth, rng, haystack)
-            return np.concatenate([laid.prompt, layout.answer])
-        except DoesNotFit:
-            if length >= longest:
-                raise RulerInputError(
-                    f"{spec.name} does not fit --max-length {longest}; raise it"
-                ) from None
-            length = min(2 * length, longest)
 
 
 def synthesize(
@@ -162,10 +95,10 @@ def synthesize(
     """Write ``documents`` per task into ``out`` (new or empty); see the module docstring. The
     folder appears whole or not at all: a refusal midway (a task that does not fit
     ``max_length``) or a crash leaves nothing behind."""
-    names = check_settings(tasks, seed, documents, min_length, max_length)
+    names = check_mix_settings(tasks, seed, documents, min_length, max_length)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RulerInputError(
+        raise TaskInputError(
             f"--out is not a new or empty folder ({out}); choose another, synthesize never "
             "writes among other files"
         )
@@ -207,42 +140,6 @@ def _write(folder: Path, options: dict, tok, source) -> Manifest:
     return manifest
 
 
-@contextlib.contextmanager
-def staged_folder(out: Path) -> Iterator[Path]:
-    """A new folder beside ``out``, renamed to ``out`` (new or empty) when the block completes;
-    removed, with the parent folders made for it, when the block raises."""
-    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # innermost first
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    stage.chmod(0o777 & ~umask)  # as a plain mkdir would (mkdtemp makes it private)
-    try:
-        yield stage
-        os.rename(stage, out)  # onto an empty folder too (POSIX)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        for parent in made:
-            with contextlib.suppress(OSError):
-                parent.rmdir()
-        raise
-
-
-def check_settings(tasks, seed, documents, min_length, max_length) -> list[str]:
-    """The task names, once the settings are ones synthesize can use (else one line naming the
-    value)."""
-    names = check_tasks(tasks)
-    for name, value, least in (("seed", seed, 0), ("documents", documents, 1),
-                               ("min_length", min_length, 2)):  # fmt: skip
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise RulerInputError(f"{name}={value!r}; expected an int >= {least}")
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < min_length:
-        raise RulerInputError(
-            f"max_length={max_length!r}; expected an int >= min_length={min_length}"
-        )
-    return names
-
-
 def holds_only_training_haystacks(folder: str | Path | Synthesized) -> bool:
     """True for a folder this module wrote from the embedded training chapters or noise (or a
     data.shards entry naming one by its settings): its documents share no text with the
@@ -256,6 +153,51 @@ def holds_only_training_haystacks(folder: str | Path | Synthesized) -> bool:
     return bool(sources) and all(
         s.get("kind") == KIND and s.get("haystack") in ("embedded", "noise") for s in sources
     )
+
+
+# ------------------------------------------------------------------ mixes in the cache
+def synthesized_dir(
+    spec: Synthesized, cache_dir: str | Path | None = None, default_tokenizer: str | None = None
+) -> Path:
+    """The folder of a synthesized mix (a ``data.shards`` entry named by its settings) in the
+    cache, synthesized once (under a lock) if needed. Its name is a digest of the settings and
+    of the generator's version: the same settings find it again, changed ones get another.
+    ``default_tokenizer``: the run's (data.tokenizer), for a spec that names none."""
+    spec = dataclasses.replace(spec, tokenizer=spec.tokenizer or default_tokenizer or "byte")
+    settings = dataclasses.asdict(spec) | {"version": VERSION}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    name = f"synthesized_L{spec.min_length}-{spec.max_length}_s{spec.seed}_{digest}"
+
+    def write(out: Path) -> None:
+        try:
+            manifest = synthesize(
+                spec.tasks, out, spec.seed, spec.documents, spec.min_length,
+                spec.max_length, spec.haystack, spec.tokenizer,
+                None if cache_dir is None else str(cache_dir),
+            )  # fmt: skip
+        except ValueError as err:  # the mix's settings, in the terms of the config
+            raise ValueError(f"data.shards: the synthesized mix {settings}: {err}") from err
+        train = manifest.splits["train"]
+        print(
+            f"synthesized {train.documents} documents ({', '.join(spec.tasks)}; seed "
+            f"{spec.seed}, {spec.min_length}..{spec.max_length} tokens, {train.tokens} in "
+            f"all) into {out}",
+            flush=True,
+        )
+
+    return written_once(cache_dir, name, write, lambda out: _check_synthesized(out, settings))
+
+
+def _check_synthesized(folder: Path, settings: dict) -> None:
+    """The folder's manifest records the settings its name stands for (never a stale mix)."""
+    recorded = load_manifest(folder).sources
+    keys = ("version", "tasks", "seed", "documents", "min_length", "max_length")
+    expected = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
+    if len(recorded) != 1 or any(recorded[0].get(k) != expected[k] for k in keys):
+        raise ValueError(
+            f"{folder} holds documents synthesized with other settings ({recorded}); expected "
+            f"{ {k: expected[k] for k in keys} }: remove the folder to synthesize it again"
+        )
 
 
 # --------------------------------------------------------------------------------- CLI

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from longctx.data.cache import cache_root
 from longctx.io import atomic_write_bytes
 
 
@@ -314,8 +315,6 @@ def _sha256_text(text: str) -> str:
 
 
 def _llama3_cache_file(model_file: Path) -> Path:
-    from longctx.data.corpus import cache_root
-
     path = cache_root() / "tokenizers" / f"llama3-{_file_sha256(model_file)[:16]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     return path

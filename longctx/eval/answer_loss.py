@@ -27,6 +27,7 @@ from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.eval.documents import document_batches, score_documents
 from longctx.eval.files import append_rows
 from longctx.synthetic import Encoder, TextHaystack, ood
+from longctx.synthetic.tasks import TASKS, check_tasks
 
 STREAM = "held_out_answers"
 
@@ -36,19 +37,16 @@ def answer_documents(
 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """``count`` (task, tokens, answer mask) documents of ``length`` tokens, the tasks in turn,
     their haystack the sentences of ``text``."""
-    names = list(tasks or ood.TASKS)
-    unknown = [n for n in names if n not in ood.TASKS]
-    if unknown or count < 1:
-        raise ValueError(
-            f"answer documents: tasks {unknown or names}, count {count}; expected some of "
-            f"{', '.join(ood.TASKS)} and a count >= 1"
-        )
+    names = check_tasks(tasks or None, "answer_loss")  # the ood family
+    if count < 1:
+        raise ValueError(f"answer documents: count {count}; expected a count >= 1")
     enc, haystack = Encoder(tokenizer), TextHaystack(text, "validation")
     docs = []
     for i in range(count):
         name = names[i % len(names)]
         rng = random.Random(f"{STREAM}/{seed}/{name}/{i}")
-        tokens, mask = ood.document(name, rng, enc, length, haystack.units(enc, rng, " "))
+        units = haystack.units(enc, rng, " ")
+        tokens, mask = ood.document(TASKS[name].build, rng, enc, length, units)
         if len(tokens) > length:
             raise ValueError(
                 f"{name} needs {len(tokens)} tokens, more than the row ({length}); score answer "

@@ -37,7 +37,7 @@ from longctx.eval.probes import (
     make_probes,
     score_probes,
 )
-from longctx.eval.ruler.callback import default_lengths as default_ruler_lengths
+from longctx.eval.ruler.callback import default_ruler_lengths
 from longctx.eval.ruler.instances import RulerInputError
 from longctx.eval.ruler.scoring import GENERATE, SCORING_MODES
 from longctx.eval.ruler.suite import SuiteSettings, run_suite

@@ -1,24 +1,31 @@
 """Haystacks: sources of context units (sentences), each encoded with its leading separator.
 
-A haystack has ``name`` and ``units(enc, rng, sep)``, an endless iterator of token arrays.
-The corpus haystacks (the held-out books, the embedded training chapters, a prepared folder)
-are ``TextHaystack``s built by longctx.data.haystack, which reads the folders.
+A haystack has ``name`` and ``units(enc, rng, sep)``, an endless iterator of token arrays:
+
+- ``NoiseHaystack``: RULER's noise sentence, repeated;
+- ``FillerHaystack``: the lc_* tasks' filler ("noise"), sentences from a fixed vocabulary;
+- ``TextHaystack``: consecutive sentences of a text;
+- ``CorpusHaystack``: a ``TextHaystack`` of a corpus read on first use. The corpora are named
+  by longctx.data.corpus.resolve_haystack: "books" (the embedded corpus's held-out books, in
+  the role of RULER's Paul Graham essays, since nothing is downloaded), "embedded" (its
+  training chapters), "noise", or a prepared folder, whose documents it decodes with the
+  folder's own tokenizer; the tasks encode the sentences with the scoring tokenizer.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from longctx.synthetic.pieces import Encoder
+from longctx.synthetic.pieces import Encoder, TaskInputError
 
 # RULER's noise haystack: this sentence, repeated
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
-# the legacy filler (the lc_ tasks' "noise"): sentences from a fixed vocabulary, no digits
+# the lc_* tasks' filler ("noise"): sentences from a fixed vocabulary, no digits
 _SUBJECTS = ("The river", "A lamp", "The old road", "Every garden", "The wind", "A small boat")
 _VERBS = ("runs past", "shines over", "waits beside", "turns toward", "rests under", "follows")
 _OBJECTS = ("the hills", "a quiet town", "the grey stones", "the long field", "an open door")
@@ -60,7 +67,7 @@ class NoiseHaystack(Units):
 
 
 class FillerHaystack(Units):
-    """The legacy filler: sentences from a fixed vocabulary, drawn from the instance's rng."""
+    """The lc_* tasks' filler: sentences from a fixed vocabulary, drawn from the instance's rng."""
 
     name = "noise"
 
@@ -91,3 +98,27 @@ class TextHaystack(Units):
         while True:
             yield enc(sep + self.sentences[i])
             i = (i + 1) % len(self.sentences)
+
+
+class CorpusHaystack(Units):
+    """The sentences of a corpus (``read()``: its text, read on first use), from an offset
+    drawn from the instance's rng. ``where``: which part of the corpus, for the refusal of one
+    that holds no text."""
+
+    def __init__(self, name: str, read: Callable[[], str], where: str = "") -> None:
+        self.name, self._read, self._where = name, read, where
+        self._text: TextHaystack | None = None
+
+    def text(self) -> TextHaystack:
+        if self._text is None:
+            text = self._read()
+            try:
+                self._text = TextHaystack(text, self.name)
+            except ValueError:
+                raise TaskInputError(
+                    f"haystack {self.name} holds no text{self._where}; use another"
+                ) from None
+        return self._text
+
+    def units(self, enc: Encoder, rng: random.Random, sep: str) -> Iterator[np.ndarray]:
+        return self.text().units(enc, rng, sep)

@@ -149,21 +149,18 @@ def _count(name: str, length: int) -> int:
     return max(1, length // EVERY[name])
 
 
-TASKS: dict[str, Callable[[random.Random, int], list[Event]]] = {
-    "ood_ledger": ledger,
-    "ood_locker": locker,
-    "ood_relay": relay,
-    "ood_echo": echo,
-}
+Events = Callable[[random.Random, int], list[Event]]  # a task: ledger, locker, relay, echo
 
 
 # --------------------------------------------------------------------------- documents
-def layout(name: str, rng: random.Random, enc: Encoder, length: int) -> tuple[Layout, np.ndarray]:
+def layout(
+    events: Events, rng: random.Random, enc: Encoder, length: int
+) -> tuple[Layout, np.ndarray]:
     """The task's events as a :class:`Layout` (one insert per event, every part encoded alone,
     so a value's tokens in a query equal its tokens where it was stated), and per insert token
     whether it is an answer token (the inserts' tokens concatenated)."""
     inserts, answer = [], []
-    for at, event in TASKS[name](rng, length):
+    for at, event in events(rng, length):
         pieces = [(enc(text), is_answer) for text, is_answer in event]
         inserts.append((at, cat(*(p for p, _ in pieces))))
         answer += [np.full(len(p), is_answer) for p, is_answer in pieces]
@@ -171,11 +168,12 @@ def layout(name: str, rng: random.Random, enc: Encoder, length: int) -> tuple[La
 
 
 def document(
-    name: str, rng: random.Random, enc: Encoder, length: int, units: Iterable[np.ndarray]
+    events: Events, rng: random.Random, enc: Encoder, length: int, units: Iterable[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, answer mask) of ``length`` tokens: the task's events between haystack units
-    (sentences), or as many tokens as the events take when ``length`` is too short for them."""
-    laid_out, answer = layout(name, rng, enc, length)
+    (sentences), or as many tokens as the events take when ``length`` is too short for them.
+    ``events``: the task's generator (its ``build`` in longctx.synthetic.tasks.TASKS)."""
+    laid_out, answer = layout(events, rng, enc, length)
     assembled = assemble(laid_out, max(length, laid_out.fixed_tokens), units)
     mask = np.zeros(len(assembled.prompt), bool)
     offset = 0

@@ -14,6 +14,9 @@ from longctx.data.synthesize import synthesize
 from longctx.data.tokenizer import load_tokenizer
 from longctx.synthetic import ood as ood_tasks
 from longctx.synthetic.pieces import Encoder
+from longctx.synthetic.tasks import TASKS, names_of
+
+OOD_TASKS = names_of("ood")
 
 TOKENIZER = load_tokenizer("byte")
 # the suite's value formats (RULER: 7-digit numbers and uuids; longctx's own tasks: 5 digits)
@@ -28,13 +31,14 @@ def enc(text: str) -> np.ndarray:
 def ood_document(name: str, index: int, length: int = 1024) -> tuple[str, np.ndarray, np.ndarray]:
     """A document on a blank haystack (spaces), so its text is the task's own."""
     rng = random.Random(f"test/{name}/{index}")
-    tokens, mask = ood_tasks.document(name, rng, Encoder(TOKENIZER), length, repeat(enc(" ")))
+    build = TASKS[name].build
+    tokens, mask = ood_tasks.document(build, rng, Encoder(TOKENIZER), length, repeat(enc(" ")))
     return TOKENIZER.decode(tokens), tokens, mask
 
 
 @pytest.fixture(scope="module")
 def ood_texts() -> dict[str, list[str]]:
-    return {name: [ood_document(name, i)[0] for i in range(20)] for name in ood_tasks.TASKS}
+    return {name: [ood_document(name, i)[0] for i in range(20)] for name in OOD_TASKS}
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +46,11 @@ def suite_texts() -> list[str]:
     """Every suite task but the QA ones (RULER's 13 and the lc_* formats, on the noise
     haystack), three instances each: prompt and answer."""
     from longctx.synthetic import DoesNotFit, NoiseHaystack
-    from longctx.synthetic.tasks import TASKS, lay_out
+    from longctx.synthetic.tasks import SUITE_TASKS, lay_out
 
     texts = []
-    for name, task in TASKS.items():
+    for name in SUITE_TASKS:
+        task = TASKS[name]
         if task.reads == "qa":
             continue  # questions about a --qa-data folder's documents: no key or value format
         haystack = NoiseHaystack() if task.reads == "haystack" else None
@@ -89,12 +94,12 @@ def test_no_template_is_shared(ood_texts, suite_texts):
 
 
 def test_no_key_word_is_shared(ood_texts, suite_texts):
-    from longctx.synthetic import legacy
+    from longctx.synthetic import lc_formats
     from longctx.synthetic.words import common_words
 
     vocabulary = {w for t in suite_texts for w in words(t)}
     # every list the suite draws keys and words from (RULER's wonderwords lists, lc_*'s words)
-    vocabulary |= {w for item in (*common_words(), *legacy.WORDS) for w in words(item)}
+    vocabulary |= {w for item in (*common_words(), *lc_formats.WORDS) for w in words(item)}
     assert {"special", "magic", "quiet", "river"} <= vocabulary and len(vocabulary) > 1000
     for name, texts in ood_texts.items():
         ours = {w for t in texts for w in words(t)}
@@ -111,7 +116,7 @@ def test_no_value_format_is_shared(ood_texts, suite_texts):
         assert not any(re.search(pattern, t) for texts in ood_texts.values() for t in texts)
 
 
-@pytest.mark.parametrize("name", sorted(ood_tasks.TASKS))
+@pytest.mark.parametrize("name", sorted(OOD_TASKS))
 def test_answer_tokens_are_values_stated_earlier(name):
     text, tokens, mask = ood_document(name, 0, length=600)
     assert mask.any() and len(tokens) == len(mask)
@@ -127,7 +132,7 @@ def test_answer_tokens_are_values_stated_earlier(name):
 
 
 def test_documents_are_about_the_length_asked():
-    for name in ood_tasks.TASKS:
+    for name in OOD_TASKS:
         assert abs(len(ood_document(name, 1, 2048)[1]) - 2048) <= 2048 // 10
 
 
@@ -135,10 +140,10 @@ def test_synthesized_ood_folder_is_deterministic(tmp_path):
     from longctx.data.shards import ShardSet
 
     kwargs = dict(seed=3, documents=3, min_length=128, max_length=512, haystack="noise")
-    synthesize(",".join(ood_tasks.TASKS), tmp_path / "a", **kwargs)
-    synthesize(",".join(ood_tasks.TASKS), tmp_path / "b", **kwargs)
+    synthesize(",".join(OOD_TASKS), tmp_path / "a", **kwargs)
+    synthesize(",".join(OOD_TASKS), tmp_path / "b", **kwargs)
     a, b = ShardSet(tmp_path / "a", "train"), ShardSet(tmp_path / "b", "train")
-    assert a.num_documents == 3 * len(ood_tasks.TASKS)
+    assert a.num_documents == 3 * len(OOD_TASKS)
     for i in range(a.num_documents):
         assert np.array_equal(a.document(i), b.document(i))
         assert len(a.document(i)) <= 512

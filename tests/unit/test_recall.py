@@ -15,8 +15,7 @@ from data_fixtures import module, small_corpus, take
 
 from longctx.batch import IGNORE_INDEX
 from longctx.data.config import DataConfig
-from longctx.data.corpus import mqar_dir
-from longctx.data.mqar_corpus import STREAM, write_corpus
+from longctx.data.mqar_corpus import STREAM, mqar_dir, write_corpus
 from longctx.data.packing import collate_rows, make_packer
 from longctx.data.shards import ShardSet, load_manifest
 from longctx.eval import recall

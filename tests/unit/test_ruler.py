@@ -313,7 +313,7 @@ def test_the_callback_refuses_bad_settings_before_training():
     from types import SimpleNamespace
 
     from longctx.data import DataConfig
-    from longctx.eval.ruler.callback import RulerEval, default_lengths
+    from longctx.eval.ruler.callback import RulerEval, default_ruler_lengths
 
     datamodule = SimpleNamespace(
         config=DataConfig(seq_len=1024, cache_dir=str(CACHE_DIR)),
@@ -321,7 +321,7 @@ def test_the_callback_refuses_bad_settings_before_training():
     )
     trainer = SimpleNamespace(datamodule=datamodule)
     module = SimpleNamespace(model_config=SimpleNamespace(max_seq_len=2048))
-    assert default_lengths(1024, 2) == [256, 512, 1024, 2048]
+    assert default_ruler_lengths(1024, 2) == [256, 512, 1024, 2048]
     with pytest.raises(ValueError, match=r"evaluation length 4096 \(RulerEval length\) exceeds"):
         RulerEval(factor=4).setup(trainer, module, "fit")
     with pytest.raises(RulerInputError, match=r"unknown task \('bogus'\)"):

@@ -11,7 +11,7 @@ import pytest
 from helpers import CACHE_DIR
 
 from longctx.data import ByteTokenizer, DataConfig, LongCtxDataModule, ShardSet
-from longctx.data.haystack import resolve_haystack
+from longctx.data.corpus import resolve_haystack
 from longctx.data.synthesize import cli, holds_only_training_haystacks, synthesize
 from longctx.eval.long_documents import load_long_documents
 from longctx.eval.ruler import RulerInputError

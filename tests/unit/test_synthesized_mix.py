@@ -10,9 +10,13 @@ import shutil
 import pytest
 
 from longctx.data import ByteTokenizer, DataConfig, LongCtxDataModule, ShardSet, Synthesized
-from longctx.data.corpus import synthesized_dir
 from longctx.data.shards import MANIFEST_NAME
-from longctx.data.synthesize import cli, holds_only_training_haystacks, synthesize
+from longctx.data.synthesize import (
+    cli,
+    holds_only_training_haystacks,
+    synthesize,
+    synthesized_dir,
+)
 from longctx.eval.ruler import RulerInputError
 
 # fast: no haystack to prepare, a handful of short documents

@@ -5,10 +5,11 @@
     report = summarize(results, anchor=2048)  # cells with 95% CIs, RULER's and the relative
                                               # effective length, with bootstrap intervals
 
-Modules: ``tasks`` (the names; the generators are longctx.synthetic's), ``instances`` (the
-instance, haystacks, JSONL), ``generate`` (instances from names, skips said), ``scoring``
-(generation scored with RULER's metrics, or teacher-forced; CIs; effective lengths), ``hf`` (any
-local transformers folder), ``callback`` (in-loop), ``suite`` (the CLI's runner), and
+The tasks are longctx.synthetic.tasks', their haystacks longctx.synthetic.haystacks' (named by
+longctx.data.corpus.resolve_haystack). Modules: ``instances`` (the instance, JSONL),
+``generate`` (instances from names, skips said), ``scoring`` (generation scored with RULER's
+metrics, or teacher-forced; CIs; effective lengths), ``hf`` (any local transformers folder),
+``callback`` (in-loop), ``suite`` (the CLI's runner), and
 longctx.experiments.ruler_report (arms of a sweep: paired differences, heat maps).
 """
 
@@ -19,17 +20,13 @@ from longctx.eval.ruler.generate import (
     Plan,
     chance,
     check_depth,
-    check_tasks,
     make_instance,
     make_instances,
     plan_instances,
 )
 from longctx.eval.ruler.instances import (
-    CorpusHaystack,
     Instance,
-    NoiseHaystack,
     RulerInputError,
-    resolve_haystack,
     tokens_digest,
     write_instances,
 )
@@ -61,9 +58,7 @@ __all__ = [
     "SCORING_MODES",
     "TEACHER_FORCED",
     "TASK_NAMES",
-    "CorpusHaystack",
     "Instance",
-    "NoiseHaystack",
     "Plan",
     "RULER_TASK_NAMES",
     "RelativeEffectiveLength",
@@ -72,7 +67,6 @@ __all__ = [
     "cell_table",
     "chance",
     "check_depth",
-    "check_tasks",
     "effective_lengths",
     "instance_batch",
     "length_table",
@@ -80,7 +74,6 @@ __all__ = [
     "make_instances",
     "plan_instances",
     "relative_effective_length",
-    "resolve_haystack",
     "ruler_effective_length",
     "score_instances",
     "string_match_all",

@@ -46,7 +46,7 @@ TABLE_KEY = "val/ruler_table"
 TABLE_COLUMNS = ["step", "task", "length", "depth", "n", "score", "ci_low", "ci_high"]
 
 
-def default_lengths(seq_len: int, factor: int = 1) -> list[int]:
+def default_ruler_lengths(seq_len: int, factor: int = 1) -> list[int]:
     """seq_len / 4, seq_len / 2, then 1x, 2x ... factor x seq_len."""
     return sorted({seq_len // 4, seq_len // 2} | {m * seq_len for m in multiples(factor)} - {0})
 
@@ -88,7 +88,7 @@ class RulerEval(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
 
         dm = trainer.datamodule
-        lengths = list(self.lengths or default_lengths(dm.config.seq_len, self.factor))
+        lengths = list(self.lengths or default_ruler_lengths(dm.config.seq_len, self.factor))
         for n in lengths:
             check_eval_length(n, pl_module.model_config.max_seq_len, "RulerEval length")
         self.tokenizer = dm.tokenizer()

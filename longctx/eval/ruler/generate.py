@@ -14,23 +14,18 @@ from pathlib import Path
 
 import numpy as np
 
-from longctx.data.haystack import resolve_haystack
+from longctx.data.corpus import resolve_haystack
 from longctx.eval.ruler.instances import Instance, RulerInputError
-from longctx.eval.ruler.tasks import DIGITS, RULER_TASKS, TASKS, Task
 from longctx.synthetic import DoesNotFit, Encoder, RunsOut
+from longctx.synthetic.lc_formats import DIGITS
 from longctx.synthetic.qa import QAData, load_qa_folder
-from longctx.synthetic.tasks import check_names, lay_out
+from longctx.synthetic.tasks import RULER_TASKS, SUITE_TASKS, TASKS, Task, check_tasks, lay_out
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 # every task, in the order of the tables: RULER's 13, then the lc_ ones
-TASK_NAMES = tuple(TASKS)
+TASK_NAMES = SUITE_TASKS
 RULER_TASK_NAMES = RULER_TASKS
 NO_QA_DATA = "no --qa-data folder (RULER's SQuAD / HotpotQA JSON; nothing is downloaded)"
-
-
-def check_tasks(names: Sequence[str] | str | None, known: Sequence[str] = TASK_NAMES) -> list[str]:
-    """Task names (a list or "a,b"), each one of ``known``; None -> RULER's 13."""
-    return list(RULER_TASKS) if names is None else check_names(names, known)
 
 
 def check_depth(depth) -> float:
@@ -41,7 +36,7 @@ def check_depth(depth) -> float:
 
 
 def task(name: str) -> Task:
-    return TASKS[check_tasks([name])[0]]
+    return TASKS[check_tasks([name], "suite")[0]]
 
 
 def rng_for(name: str, seed: int, length: int, depth: float, sample: int) -> random.Random:
@@ -196,7 +191,7 @@ def make_instances(
 def _check(tasks, lengths, depths, samples, qa_data):
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise RulerInputError(f"samples={samples!r}; expected an int >= 1")
-    names = check_tasks(tasks)
+    names = check_tasks(tasks, "suite")
     depths = [check_depth(d) for d in depths]
     if not lengths or not depths:
         raise RulerInputError(f"lengths={list(lengths)}, depths={depths}; expected some of each")

@@ -22,22 +22,17 @@ from pathlib import Path
 import numpy as np
 
 from longctx.batch import IGNORE_INDEX
-from longctx.data.haystack import CorpusHaystack, resolve_haystack
 from longctx.io import atomic_write_text
-from longctx.synthetic import FillerHaystack, NoiseHaystack, TaskInputError
+from longctx.synthetic import TaskInputError
 
 # bad input to the suite (a task, length, depth, haystack or data folder): one line
 RulerInputError = TaskInputError
 
 __all__ = [
-    "CorpusHaystack",
-    "FillerHaystack",
     "Instance",
-    "NoiseHaystack",
     "RulerInputError",
     "encode",
     "instance_record",
-    "resolve_haystack",
     "tokens_digest",
     "write_instances",
 ]

@@ -21,13 +21,12 @@ from longctx.eval.ruler.generate import (
     DEFAULT_DEPTHS,
     NO_QA_DATA,
     check_depth,
-    check_tasks,
     plan_instances,
     resolve_qa,
 )  # fmt: skip
 from longctx.eval.ruler.instances import RulerInputError, tokens_digest, write_instances
 from longctx.eval.ruler.scoring import GENERATE, check_mode, score_instances, summarize
-from longctx.eval.ruler.tasks import TASKS
+from longctx.synthetic.tasks import TASKS, check_tasks
 
 
 @dataclasses.dataclass
@@ -49,7 +48,7 @@ class SuiteSettings:
     def check(self, max_positions: int | None, what: str) -> None:
         """Every refusal before a model is loaded: tasks, depths, lengths within RoPE."""
         named = self.tasks is not None
-        self.tasks = check_tasks(self.tasks)
+        self.tasks = check_tasks(self.tasks, "suite")
         if self.qa_data is not None:
             resolve_qa(self.qa_data)  # a folder in the wrong form: one line, before any model
         else:
