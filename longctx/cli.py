@@ -20,6 +20,9 @@ from tqdm import tqdm
 
 # What a user's input can raise: longctx's own refusals subclass ValueError (or are a
 # FileExistsError / FileNotFoundError for paths); PermissionError for a folder they cannot write.
+# The one definition: a command whose refusals include another type adds it where it catches
+# (train.py: RunFolderBusy, a RuntimeError, when another live run holds the run folder;
+# longctx.data.prepare: a failed SLURM task), rather than keeping a tuple of its own.
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 
 T = TypeVar("T")

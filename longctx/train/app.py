@@ -15,7 +15,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from longctx.cli import exit_on_user_error
+from longctx.cli import USER_ERRORS, exit_on_user_error
 from longctx.data.arms import arm_description
 from longctx.distributed.slurm import slurm_plugins
 from longctx.runs.checkpoints import AtomicCheckpointIO, ResumePoint, remove_stale_temp_files
@@ -46,14 +46,11 @@ from longctx.train.options import init_from_note
 from longctx.train.preflight import ConfigError, instantiate_config, preflight
 from longctx.train.process import teardown, writes_run_folder
 
-# what a user's config or data can raise: one line and exit 2, not a traceback
-USER_ERRORS = (ConfigError, RunFolderBusy, ValueError, FileNotFoundError)
-
 
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics = run(cfg)
-    except USER_ERRORS as err:
+    except (*USER_ERRORS, RunFolderBusy) as err:  # a user's mistake: one line and exit 2
         exit_on_user_error(err)
     except SweepStopped as err:
         print(f"longctx: {err}", file=sys.stderr, flush=True)
