@@ -114,7 +114,21 @@ def prepare(
         else:  # the bar replaces datatrove's console log (its task logs stay in their files)
             run_local(pipeline, tasks, workers, work / "datatrove", quiet=shown or not progress)
     results = [TaskResult.load(result_path(work / "results", k)) for k in range(tasks)]
-    manifest = Manifest(
+    manifest = _manifest(input_hash, tok, dtype, val_fraction, sources, results)
+    _commit(out, manifest, sources, work)
+    return manifest
+
+
+def _manifest(
+    input_hash: str,
+    tok: Tokenizer,
+    dtype: str,
+    val_fraction: float,
+    sources: list[Source],
+    results: list[TaskResult],
+) -> Manifest:
+    """The manifest of the tasks' shards, in task order (the documents in input order)."""
+    return Manifest(
         input_hash=input_hash,
         tokenizer=tok.spec,
         vocab_size=int(tok.vocab_size),
@@ -126,9 +140,15 @@ def prepare(
         splits={split: _concat([r.splits[split] for r in results]) for split in ("train", "val")},
         skipped_empty_documents=sum(r.skipped_empty_documents for r in results),
     )
+
+
+def _commit(out: Path, manifest: Manifest, sources: list[Source], work: Path) -> None:
+    """Write the manifest (the commit point) once the tasks' shards are checked, then drop the
+    shards it does not list."""
     if manifest.splits["train"].documents + manifest.splits["val"].documents == 0:
         raise ValueError(f"inputs {[s.path for s in sources]} hold no non-empty documents")
-    check_val_split(manifest.splits, val_fraction, ", ".join(str(s.path) for s in sources))
+    where = ", ".join(str(s.path) for s in sources)
+    check_val_split(manifest.splits, manifest.val_fraction, where)
     if not shard_files_intact(out, manifest):
         raise RuntimeError(
             f"{out}: a shard the tasks listed is missing or resized (was the folder edited "
@@ -136,7 +156,6 @@ def prepare(
         )
     write_manifest(out, manifest)
     _remove_unlisted_shards(out, manifest)
-    return manifest
 
 
 @contextlib.contextmanager
