@@ -1,7 +1,7 @@
 """Evaluation: loss by position, long-range probes."""
 
+from longctx.eval.passkey import PasskeyProbe, accuracy_table, make_probes, score_probes
 from longctx.eval.position_loss import PositionLoss, bucket_of, bucket_starts
-from longctx.eval.probes import PasskeyProbe, accuracy_table, make_probes, score_probes
 
 __all__ = [
     "PasskeyProbe",

@@ -28,7 +28,7 @@ from longctx.eval.long_documents import (
     probe_lengths,
     score_long_documents,
 )
-from longctx.eval.probes import (
+from longctx.eval.passkey import (
     DEFAULT_DEPTHS,
     accuracy_table,
     make_probes,

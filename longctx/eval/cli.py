@@ -30,13 +30,13 @@ from longctx.eval.long_documents import (
     probe_lengths,
     score_long_documents,
 )
-from longctx.eval.position_loss import PositionLoss
-from longctx.eval.probes import (
+from longctx.eval.passkey import (
     DEFAULT_DEPTHS,
     accuracy_table,
     make_probes,
     score_probes,
 )
+from longctx.eval.position_loss import PositionLoss
 from longctx.eval.ruler.callback import default_ruler_lengths
 from longctx.eval.ruler.instances import RulerInputError
 from longctx.eval.ruler.scoring import GENERATE, SCORING_MODES

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from longctx.eval.documents import document_batches, document_records
-from longctx.eval.probes import default_lengths
+from longctx.eval.passkey import default_lengths
 
 
 def check_eval_length(length: int, max_seq_len: int, what: str) -> None:

@@ -15,8 +15,7 @@ from helpers import FAST, assert_close_scaled, run_train
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.data import ByteTokenizer
 from longctx.eval import cli
-from longctx.eval.position_loss import PositionLoss, bucket_starts
-from longctx.eval.probes import (
+from longctx.eval.passkey import (
     accuracy_table,
     answer_logits,
     default_lengths,
@@ -25,6 +24,7 @@ from longctx.eval.probes import (
     probe_batch,
     score_probes,
 )
+from longctx.eval.position_loss import PositionLoss, bucket_starts
 from longctx.model import Llama, LlamaConfig
 
 EOS = ByteTokenizer.EOS
