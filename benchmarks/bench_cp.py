@@ -6,7 +6,7 @@ longctx.distributed.cp_balance on the same rows in one run:
 1. Balance (pure arithmetic on the plans, 16 rows): work imbalance, max / mean over the ranks of
    in-document causal pairs (what training logs as train/cp_work_imbalance; max / min too),
    mean and worst row; pieces of split documents per rank; and the planner's expectation
-   (longctx.planner.expected_cp_work_imbalance) for the same distribution, from its own rows,
+   (longctx.planner.cp_simulation.expected_cp_work_imbalance) for the same distribution, from its own rows,
    with the mean over 128 rows of this generator beside it (16 rows are a noisy sample).
 2. Attention time per rank (forward + backward of one layer's attention, tiny shape, sdpa):
    2 ranks measured for real on 2 gloo processes (1 thread each: K/V all-gather, attention,
@@ -53,6 +53,7 @@ from longctx.model.attention import (
     build_attention_metadata,
     context_attention,
 )
+from longctx.planner.cp_simulation import expected_cp_work_imbalance
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_step import data_parallel_step, make_batch  # noqa: E402  (lognormal documents)
@@ -96,7 +97,7 @@ def balance(length: int, size: int, rows: int) -> dict:
         stats = every[:rows]
         max_mean = [s.work_imbalance for s in stats]
         max_min = [max(s.work) / min(s.work) for s in stats]
-        layout = planner.Layout(
+        layout = planner.RunLayout(
             seq_len=length,
             devices=size,
             context_parallel=size,
@@ -104,7 +105,7 @@ def balance(length: int, size: int, rows: int) -> dict:
             context_parallel_rounds=rounds,
             doc_length_lognormal=(600.0, 1.0),
         )
-        expected = planner.expected_cp_work_imbalance(layout)
+        expected = expected_cp_work_imbalance(layout)
         out[name] = {
             "max_mean": {"mean": statistics.fmean(max_mean), "worst": max(max_mean)},
             "max_min": {"mean": statistics.fmean(max_min), "worst": max(max_min)},

@@ -2,7 +2,7 @@
 head_tail for lognormal documents of several medians, on 8 to 32 ranks.
 
 Pure arithmetic on the plans (no model, no timing but the planning itself): per (row length,
-median, ranks), 16 rows drawn by the planner's own sampler (longctx.planner.lognormal_row,
+median, ranks), 16 rows drawn by the planner's own sampler (longctx.planner.layout.lognormal_row,
 sigma 1.0, seeded), the work imbalance max / min and max / mean over ranks of in-document causal
 pairs (mean / worst row), pieces of split documents per rank, and planning milliseconds per row.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from longctx.distributed.cp_balance import plan_stats, row_owner
-from longctx.planner import lognormal_row
+from longctx.planner.layout import lognormal_row
 
 RESULTS = Path(__file__).parent / "results"
 LENGTHS = (32768, 131072)
@@ -71,7 +71,7 @@ def main() -> None:
     config = {
         "rows": ROWS,
         "sigma": SIGMA,
-        "sampler": "longctx.planner.lognormal_row, numpy default_rng(1)",
+        "sampler": "longctx.planner.layout.lognormal_row, numpy default_rng(1)",
         "machine": platform.machine(),
         "wall_s": time.perf_counter() - started,
     }

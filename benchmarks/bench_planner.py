@@ -130,7 +130,7 @@ def run_workers(args: list[str], size: int, port: int, malloc: str = "retain") -
 def predict(length: int, size: int, checkpointing: bool, doc_lengths, baseline: int) -> dict:
     from longctx import planner
 
-    layout = planner.Layout(
+    layout = planner.RunLayout(
         seq_len=length,
         devices=size,
         context_parallel=size,

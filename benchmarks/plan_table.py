@@ -21,6 +21,7 @@ import torch
 from longctx import planner
 from longctx.model import LlamaConfig
 from longctx.model.flops import estimate_flops
+from longctx.planner.settings import INTER_NODE_BYTES_PER_S, INTRA_NODE_BYTES_PER_S
 
 RESULTS = Path(__file__).parent / "results"
 LENGTHS = [8192, 32768, 65536, 131072, 262144, 524288, 1048576]
@@ -30,11 +31,13 @@ MFU = planner.DEFAULT_MFU
 TORCHTITAN = {32768: 3890, 65536: 2540, 131072: 1071, 262144: 548}
 
 
-def smallest_fit(config: LlamaConfig, length: int, device: planner.Device) -> planner.Plan | None:
+def smallest_fit(
+    config: LlamaConfig, length: int, device: planner.Device
+) -> planner.CapacityPlan | None:
     for nodes in (2**i for i in range(0, 8)):
         cp = 1
         while cp <= nodes * 8 and length % (2 * cp) == 0:
-            layout = planner.Layout(
+            layout = planner.RunLayout(
                 seq_len=length, num_nodes=nodes, devices=8, context_parallel=cp, fsdp=True,
                 precision="bf16", activation_checkpointing=True, attn_backend="flash",
             )  # fmt: skip
@@ -98,8 +101,8 @@ def main() -> None:
         "mfu": MFU,
         "peak_flops": {g: planner.KNOWN_DEVICES[g][1] for g in GPUS},
         "bandwidth_bytes_per_s": {
-            "intra_node": planner.INTRA_NODE_BYTES_PER_S,
-            "inter_node": planner.INTER_NODE_BYTES_PER_S,
+            "intra_node": INTRA_NODE_BYTES_PER_S,
+            "inter_node": INTER_NODE_BYTES_PER_S,
         },
         "runtime_allowance_bytes": planner.CUDA_RUNTIME_BYTES,
     }

@@ -71,12 +71,12 @@ def planner_layout(
     model_config: ModelSpec,
     parallel: ParallelConfig,
     device: torch.device,
-) -> planner.Layout:
+) -> planner.RunLayout:
     """The run's layout as the planner sees it (one document per row, the worst case, unless
     planner.doc_length_median states a distribution)."""
     fsdp = sharded_strategy(cfg.trainer)
     devices = cfg.trainer.get("devices", 1)
-    return planner.Layout(
+    return planner.RunLayout(
         seq_len=cfg.data.seq_len,
         micro_batch_size=cfg.data.micro_batch_size,
         num_nodes=int(cfg.trainer.get("num_nodes", 1)),

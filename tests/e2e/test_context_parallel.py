@@ -469,6 +469,8 @@ def test_planner_expects_the_imbalance_measured_on_the_benchmark_rows(size, bala
     """The planner's expected max/mean work for lognormal(600, 1) documents (its own sampled
     rows) is within 10% of the mean over benchmarks/bench_cp.py's 16 rows at 32k."""
     from longctx import planner
+    from longctx.planner.cp_simulation import expected_cp_work_imbalance
+    from longctx.planner.layout import LENGTH_SAMPLE_ROWS
 
     sys.path.insert(0, str(BENCHMARKS))
     from bench_step import make_batch as bench_row
@@ -479,7 +481,7 @@ def test_planner_expects_the_imbalance_measured_on_the_benchmark_rows(size, bala
         lens = lens[lens > 0].numpy().astype(np.int64)
         stats = plan_stats([lens], [row_owner(lens, size, balance, rounds)], size)
         measured.append(stats.work_imbalance)
-    layout = planner.Layout(
+    layout = planner.RunLayout(
         seq_len=32768,
         devices=size,
         context_parallel=size,
@@ -487,15 +489,15 @@ def test_planner_expects_the_imbalance_measured_on_the_benchmark_rows(size, bala
         context_parallel_rounds=rounds,
         doc_length_lognormal=(600.0, 1.0),
     )
-    expected = planner.expected_cp_work_imbalance(layout)
+    expected = expected_cp_work_imbalance(layout)
     assert expected.mean == pytest.approx(np.mean(measured), rel=0.10)
-    assert expected.rows == planner.LENGTH_SAMPLE_ROWS
+    assert expected.rows == LENGTH_SAMPLE_ROWS
 
 
 def test_planner_step_time_waits_for_the_slowest_rank():
     from longctx import planner
 
-    layout = planner.Layout(
+    layout = planner.RunLayout(
         seq_len=32768, devices=8, context_parallel=8, doc_length_lognormal=(600.0, 1.0)
     )
     h100 = planner.known_device("H100")

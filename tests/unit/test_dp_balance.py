@@ -20,6 +20,8 @@ from longctx.data.dp_balance import (
 )
 from longctx.model import LlamaConfig
 from longctx.model.flops import matmul_params
+from longctx.planner.layout import row_lengths
+from longctx.planner.step_time import step_time
 
 SHAPES = [(2, 1, 1), (2, 3, 1), (8, 1, 2), (8, 4, 1), (3, 2, 3), (64, 4, 1), (16, 2, 4)]
 
@@ -201,9 +203,9 @@ def test_cost_is_the_planners_step_time_of_the_row(lengths):
     device = planner.known_device("H100")
     cost = row_cost_for(config, device, planner.DEFAULT_MFU)
     assert cost.linear_per_token > 0 and cost.attention_per_sq_token > 0
-    layout = planner.Layout(seq_len=32768, doc_lengths=lengths)
-    predicted = planner.step_time(config, layout, device, planner.DEFAULT_MFU).compute_s
-    assert cost.cost(planner.row_lengths(layout)) == pytest.approx(predicted, rel=1e-12)
+    layout = planner.RunLayout(seq_len=32768, doc_lengths=lengths)
+    predicted = step_time(config, layout, device, planner.DEFAULT_MFU).compute_s
+    assert cost.cost(row_lengths(layout)) == pytest.approx(predicted, rel=1e-12)
     # the coefficients' ratio is the FLOP formula's: 6 * head_dim * heads * layers per squared
     # token (causal pairs l^2 / 2, QK^T and PV, forward + backward) over 6 * matmul parameters
     ratio = cost.attention_per_sq_token / cost.linear_per_token

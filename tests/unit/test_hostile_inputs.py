@@ -321,12 +321,13 @@ def test_the_cpu_plan_adds_the_retained_heap_of_train_py(tmp_path):
     holds that allowance, a GPU plan does not."""
     import dataclasses
 
+    from longctx.planner.memory import peak_bytes, step_tensor_terms
     from longctx.train.dry_run import planner_device
 
-    config, layout = LlamaConfig.from_name("tiny"), planner.Layout(seq_len=16384)
+    config, layout = LlamaConfig.from_name("tiny"), planner.RunLayout(seq_len=16384)
     exact = planner.Device("cpu", 24 * 10**9, None, 400 * 2**20, "measured")
     retaining = dataclasses.replace(exact, heap_retention=0.3)
-    tensors = planner.peak_bytes(planner.step_tensor_terms(config, layout))
+    tensors = peak_bytes(step_tensor_terms(config, layout))
     without, with_heap = (
         planner.plan(config, layout, exact),
         planner.plan(config, layout, retaining),

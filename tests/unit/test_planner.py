@@ -13,7 +13,9 @@ from longctx.batch import PackedBatch
 from longctx.distributed.context_parallel import context_shard
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import attention_over_row, build_attention_metadata
-from longctx.planner import Layout, PlanError
+from longctx.planner import PlanError, RunLayout
+from longctx.planner.memory import ATTENTION_PHASE, ffn_activation_bytes, layer_activation_bytes
+from longctx.planner.step_time import step_time
 from longctx.train.app import ConfigError, run
 
 TINY = LlamaConfig.from_name("tiny", attn_backend="sdpa", loss_chunk_size=4096)
@@ -22,7 +24,7 @@ CPU = planner.Device("cpu", 24 * 2**30, None, 300 * 2**20, "measured")
 H100 = planner.known_device("H100")
 
 
-def term(plan: planner.Plan, prefix: str) -> int:
+def term(plan: planner.CapacityPlan, prefix: str) -> int:
     (found,) = [t.bytes for t in plan.terms if t.name.startswith(prefix)]
     return found
 
@@ -72,15 +74,15 @@ def test_block_activations_are_what_autograd_saves(precision):
     autocast = precision == "bf16-mixed"
     saved, block_input = saved_by_one_block(TINY, length, autocast)
     measured = sum(saved.values())
-    layout = Layout(seq_len=length, precision=precision)
-    predicted = planner.layer_activation_bytes(TINY, layout, length)
+    layout = RunLayout(seq_len=length, precision=precision)
+    predicted = layer_activation_bytes(TINY, layout, length)
     # the per-bucket logsumexp of the three documents is padded to their bucket: a few bytes
     assert abs(predicted - measured) <= 0.01 * measured, (predicted, measured)
     # what checkpointing keeps of a block is among what the block saves: counted once
     assert block_input in saved
 
     ffn_saved, _ = saved_by_one_block(TINY, length, autocast, ffn_half_only=True)
-    ffn_predicted = planner.ffn_activation_bytes(TINY, layout, length)
+    ffn_predicted = ffn_activation_bytes(TINY, layout, length)
     assert ffn_predicted == sum(ffn_saved.values())
 
 
@@ -109,15 +111,15 @@ def test_context_parallel_attention_saves_no_gathered_row():
     out.sum().backward()
     assert k_row.grad.shape == k_row.shape  # the gradient is a whole row's
 
-    layout = Layout(seq_len=1024, devices=2, context_parallel=2, doc_lengths=tuple(lengths))
+    layout = RunLayout(seq_len=1024, devices=2, context_parallel=2, doc_lengths=tuple(lengths))
     plan = planner.plan(TINY, dataclasses.replace(layout, activation_checkpointing=True), CPU)
     (gradient,) = [t for t in plan.terms if t.name.startswith("gathered K/V")]
-    assert gradient.bytes == 2 * 1024 * 2 * 64 * 4 and gradient.phases == (planner.ATTENTION_PHASE,)
+    assert gradient.bytes == 2 * 1024 * 2 * 64 * 4 and gradient.phases == (ATTENTION_PHASE,)
 
 
 def test_a_hand_computed_plan():
     """tiny, fp32, sdpa, one 4096-token row on one process."""
-    plan = planner.plan(TINY, Layout(seq_len=4096), CPU)
+    plan = planner.plan(TINY, RunLayout(seq_len=4096), CPU)
     params = 3_410_176
     assert term(plan, "parameters") == 4 * params
     assert term(plan, "optimizer state") == 8 * params
@@ -140,29 +142,29 @@ def test_a_hand_computed_plan():
 def test_the_loss_term_under_bf16_mixed_adds_its_bf16_buffer_and_weight_gradient():
     """bf16 logits beside the fp32 buffer, and the output weight's bf16 gradient, which is cast
     to the fp32 .grad (so it is not the gradients term's)."""
-    plan = planner.plan(TINY, Layout(seq_len=4096, precision="bf16-mixed"), CPU)
+    plan = planner.plan(TINY, RunLayout(seq_len=4096, precision="bf16-mixed"), CPU)
     expected = 4096 * 512 * (4 + 2) + 4096 * 256 * 2 + 512 * 256 * 2
     assert term(plan, "chunked loss buffers") == expected
 
 
 def test_terms_scale_as_they_must():
-    base = Layout(seq_len=4096)
+    base = RunLayout(seq_len=4096)
     one = planner.plan(TINY, base, CPU)
     double = planner.plan(TINY, dataclasses.replace(base, seq_len=8192), CPU)
     saved = "activations (3 other blocks saved)"
     assert term(double, saved) == 2 * term(one, saved)  # sdpa: linear in L
 
     for n in (1024, 2048):  # eager: + fp32 [H, L, L] probabilities and K, V repeated per head
-        sdpa = planner.layer_activation_bytes(TINY, dataclasses.replace(base, seq_len=n), n)
+        sdpa = layer_activation_bytes(TINY, dataclasses.replace(base, seq_len=n), n)
         eager = dataclasses.replace(base, seq_len=n, attn_backend="eager")
-        extra = planner.layer_activation_bytes(TINY, eager, n) - sdpa
+        extra = layer_activation_bytes(TINY, eager, n) - sdpa
         assert extra == 4 * n * n * 4 + 2 * n * (4 * 64) * 4
 
     cp2 = planner.plan(TINY, dataclasses.replace(base, devices=2, context_parallel=2), CPU)
     assert term(cp2, saved) == term(one, saved) // 2  # CP divides the row
     assert term(cp2, "kept K/V spans") > 0
 
-    fsdp = Layout(seq_len=8192, num_nodes=2, devices=8, fsdp=True, precision="bf16")
+    fsdp = RunLayout(seq_len=8192, num_nodes=2, devices=8, fsdp=True, precision="bf16")
     sharded = planner.plan(LLAMA_8B, fsdp, H100)
     replicated = planner.plan(LLAMA_8B, dataclasses.replace(fsdp, fsdp=False), H100)
     for name in ("parameters", "gradients", "optimizer state"):
@@ -174,7 +176,7 @@ def test_terms_scale_as_they_must():
 
 
 def test_the_suggestion_fits_when_replanned():
-    layout = Layout(seq_len=131072, devices=8, fsdp=True, precision="bf16")
+    layout = RunLayout(seq_len=131072, devices=8, fsdp=True, precision="bf16")
     plan = planner.plan(LLAMA_8B, layout, H100)
     assert not plan.fits and plan.largest.name.startswith("activations")
     assert plan.suggestion is not None and plan.suggestion != layout
@@ -183,7 +185,7 @@ def test_the_suggestion_fits_when_replanned():
 
 
 def test_step_time_counts_in_document_attention_and_kv_traffic():
-    layout = Layout(seq_len=32768, devices=8, context_parallel=8, fsdp=True, precision="bf16")
+    layout = RunLayout(seq_len=32768, devices=8, context_parallel=8, fsdp=True, precision="bf16")
     whole = planner.plan(LLAMA_8B, layout, H100).step
     docs = planner.plan(LLAMA_8B, dataclasses.replace(layout, doc_lengths=(1024,)), H100).step
     assert docs.flops_per_rank < whole.flops_per_rank  # attention only inside documents
@@ -198,7 +200,7 @@ def test_unknown_device_asks_for_the_keys_by_name():
         planner.known_device("TPU v5")
     no_peak = dataclasses.replace(H100, peak_flops=None)
     with pytest.raises(PlanError, match="peak_flops_per_device"):
-        planner.step_time(TINY, Layout(seq_len=4096), no_peak, 0.4)
+        step_time(TINY, RunLayout(seq_len=4096), no_peak, 0.4)
 
 
 def test_dry_run_prints_the_plan_and_allocates_nothing(tmp_path, capsys):
