@@ -35,7 +35,7 @@ import pandas as pd
 
 from longctx.data.arms import ARM_ORDER, arm_label
 from longctx.experiments import statistics as st
-from longctx.experiments.runs import read_table, require_runs, run_name, run_settings
+from longctx.experiments.sweep_files import read_table, require_runs, run_name, run_settings
 
 HELD_OUT_FILE = Path("eval") / "held_out_documents.csv"
 ANSWERS_FILE = Path("eval") / "held_out_answers.csv"  # longctx.eval.answer_loss

@@ -26,7 +26,8 @@ import pandas as pd
 from longctx.cli import command
 from longctx.data.arms import ARM_ORDER, arm_label
 from longctx.experiments.ablation import format_summary, per_instance, summarize
-from longctx.experiments.runs import (
+from longctx.experiments.statistics import write_per_instance
+from longctx.experiments.sweep_files import (
     CSV_LOG,
     find_runs,
     metrics_log,
@@ -35,7 +36,6 @@ from longctx.experiments.runs import (
     run_name,
     run_settings,
 )
-from longctx.experiments.statistics import write_per_instance
 
 COLUMNS = [
     "run", "group", "variant", "reset_position_ids", "document_mask", "step", "metric", "value",

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from longctx.cli import command
-from longctx.experiments.runs import CSV_LOG, RECORD_FILE, is_archived_run, require_runs
+from longctx.experiments.sweep_files import CSV_LOG, RECORD_FILE, is_archived_run, require_runs
 from longctx.io import make_readable
 from longctx.runs.folder import CHECKPOINTS, LOCK_FILE, RUN_MARKER
 from longctx.runs.record import read_stored_run

@@ -28,7 +28,7 @@ import pandas as pd
 from longctx.cli import command
 from longctx.eval.long_documents import octave_starts
 from longctx.experiments import statistics as st
-from longctx.experiments.runs import read_json_file, read_table
+from longctx.experiments.sweep_files import read_json_file, read_table
 
 ARM_KEY = "rope_arm="
 BASELINE = "unchanged"
@@ -156,7 +156,7 @@ def plot(arms: dict[str, pd.DataFrame], seq_len: int, out: Path, title: str) -> 
 def arm_runs(root: Path) -> list[tuple[str, int, Path]]:
     """(arm, training seed, folder) of every context_extension arm under ``root``: one sweep
     folder, or a folder of several seeds' sweeps (seed<S>/multirun/train/<time>/rope_arm=...)."""
-    from longctx.experiments.runs import find_runs, run_settings
+    from longctx.experiments.sweep_files import find_runs, run_settings
 
     found = [f for f in find_runs(root) if ARM_KEY in f.name]
     if not found:

@@ -20,7 +20,6 @@ import numpy as np
 
 from longctx.cli import command
 from longctx.eval.recall import CONDITIONS
-from longctx.experiments.runs import read_table
 from longctx.experiments.statistics import (
     arm_sample,
     difference,
@@ -28,6 +27,7 @@ from longctx.experiments.statistics import (
     seed_level,
     write_per_instance,
 )
+from longctx.experiments.sweep_files import read_table
 from longctx.io import atomic_write_bytes
 
 N_BOOT = 2000

@@ -48,7 +48,8 @@ INSTANCE = ["task", "length", "depth", "sample"]
 
 
 def arm_of(folder: Path, settings: dict, arm_by: str) -> str:
-    """``settings``: the run's recorded {"model", "data", "run"} (longctx.experiments.runs)."""
+    """``settings``: the run's recorded {"model", "data", "run"}
+    (longctx.experiments.sweep_files)."""
     if arm_by == "position":
         from longctx.data.arms import arm_label
 
@@ -68,7 +69,7 @@ def _bool(value) -> bool:
 def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
     """One row per (run, instance): arm, seed, run, train_len, task, length, depth, sample,
     score (results written before generation scoring: their teacher-forced ``correct``)."""
-    from longctx.experiments.runs import find_runs, read_table, run_settings
+    from longctx.experiments.sweep_files import find_runs, read_table, run_settings
 
     if arm_by not in ARM_BY:
         raise ValueError(f"--arm-by {arm_by!r}; expected one of {ARM_BY}")
@@ -96,7 +97,7 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
 
 def instance_seed(path: Path) -> int:
     """The instance seed the CLI's ruler.json records (settings.instance_seed)."""
-    from longctx.experiments.runs import read_json_file
+    from longctx.experiments.sweep_files import read_json_file
 
     summary = read_json_file(path, "the suite's ruler.json")
     settings = summary.get("settings") if isinstance(summary, dict) else None

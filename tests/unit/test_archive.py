@@ -16,7 +16,7 @@ from helpers import write_run_record
 from longctx.experiments import analysis, ruler_report
 from longctx.experiments.archive import archive_run, archive_runs
 from longctx.experiments.archive import main as archive_main
-from longctx.experiments.runs import RECORD_FILE, find_runs, run_settings
+from longctx.experiments.sweep_files import RECORD_FILE, find_runs, run_settings
 from longctx.io import folder_mode
 from longctx.runs.folder import LOCK_FILE, RUN_MARKER
 from longctx.runs.record import RecordError

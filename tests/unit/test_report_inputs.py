@@ -14,7 +14,7 @@ from helpers import write_run_record
 
 from longctx.experiments import analysis as A
 from longctx.experiments import ruler_report as R
-from longctx.experiments.runs import read_table
+from longctx.experiments.sweep_files import read_table
 
 
 def one_line(err: pytest.ExceptionInfo) -> str:
