@@ -9,7 +9,7 @@ Every run was scored on the same instances (one instance seed), so arms are comp
   ``score``: RULER's metric when the suite generated, the teacher-forced match when not), its 95%
   bootstrap interval over instances and training seeds, RULER's effective length (over RULER's
   tasks) and, beside it, the relative one anchored at the runs' training length (both
-  longctx.eval.ruler.scoring's rules, printed with them), the relative one also per seed;
+  longctx.eval.ruler.effective_length's rules, printed with them), the relative one also per seed;
 - per arm against the control arm and length, on the suite score and on every task's: the
   difference with its 95% interval from the hierarchical bootstrap of
   longctx.experiments.statistics (training seeds, then instances within each; paired by seed
@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 
 from longctx.cli import command
+from longctx.eval.ruler.effective_length import relative_effective_length, ruler_effective_length
 from longctx.eval.ruler.generate import RULER_TASK_NAMES, chance
-from longctx.eval.ruler.scoring import relative_effective_length, ruler_effective_length
 from longctx.experiments import statistics as st
 from longctx.experiments.ablation import interval, verdict
 

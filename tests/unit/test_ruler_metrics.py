@@ -22,8 +22,9 @@ from longctx.eval.ruler import (
     string_match_part,
     summarize,
 )
+from longctx.eval.ruler.effective_length import bootstrap_effective_length
 from longctx.eval.ruler.instances import Instance
-from longctx.eval.ruler.scoring import bootstrap_effective_length, ruler_metric
+from longctx.eval.ruler.metrics import ruler_metric
 from longctx.model import Llama, LlamaConfig
 from longctx.model.generate import greedy_generate
 

@@ -7,12 +7,20 @@
 
 The tasks are longctx.synthetic.tasks', their haystacks longctx.synthetic.haystacks' (named by
 longctx.data.corpus.resolve_haystack). Modules: ``instances`` (the instance, JSONL),
-``generate`` (instances from names, skips said), ``scoring`` (generation scored with RULER's
-metrics, or teacher-forced; CIs; effective lengths), ``hf`` (any local transformers folder),
-``callback`` (in-loop), ``suite`` (the CLI's runner), and
+``generate`` (instances from names, skips said), ``metrics`` (RULER's string matches),
+``scoring`` (generation scored with RULER's metrics, or teacher-forced), ``tables`` (cells with
+95% CIs), ``effective_length`` (RULER's and the relative one), ``hf`` (any local transformers
+folder), ``callback`` (in-loop), ``suite`` (the CLI's runner), and
 longctx.experiments.ruler_report (arms of a sweep: paired differences, heat maps).
 """
 
+from longctx.eval.ruler.effective_length import (
+    RULER_THRESHOLD,
+    RelativeEffectiveLength,
+    effective_lengths,
+    relative_effective_length,
+    ruler_effective_length,
+)
 from longctx.eval.ruler.generate import (
     DEFAULT_DEPTHS,
     RULER_TASK_NAMES,
@@ -30,26 +38,17 @@ from longctx.eval.ruler.instances import (
     tokens_digest,
     write_instances,
 )
+from longctx.eval.ruler.metrics import string_match_all, string_match_part
 from longctx.eval.ruler.scoring import (
     GENERATE,
-    RULER_THRESHOLD,
     SCORING_MODES,
     TEACHER_FORCED,
-    RelativeEffectiveLength,
     answer_logits,
-    cell_table,
-    effective_lengths,
     instance_batch,
-    length_table,
-    relative_effective_length,
-    ruler_effective_length,
     score_instances,
-    string_match_all,
-    string_match_part,
-    suite_table,
     summarize,
-    wilson,
 )
+from longctx.eval.ruler.tables import cell_table, length_table, suite_table, wilson
 
 __all__ = [
     "DEFAULT_DEPTHS",
