@@ -74,7 +74,7 @@ class Draw:
     depth: float = 0.5
     haystack: object | None = None  # units(enc, rng, sep) -> iterator of token arrays
     qa: dict | None = None  # dataset name ("squad", "hotpotqa") -> longctx.synthetic.qa.QAData
-    digits: int = 5  # the legacy tasks' number of digits
+    digits: int = 5  # the lc_* tasks' number of digits
 
 
 @dataclasses.dataclass(frozen=True)

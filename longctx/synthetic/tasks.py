@@ -56,6 +56,12 @@ class Task:
     chance: Callable[[int], float] = lambda digits: 0.0
     qa_dataset: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(
+                f"task {self.name}: family {self.family!r}; expected one of {FAMILIES}"
+            )
+
 
 def _ruler_tasks() -> list[Task]:
     niah = [

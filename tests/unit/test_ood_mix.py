@@ -14,7 +14,7 @@ from longctx.data.synthesize import synthesize
 from longctx.data.tokenizer import load_tokenizer
 from longctx.synthetic import ood as ood_tasks
 from longctx.synthetic.pieces import Encoder
-from longctx.synthetic.tasks import TASKS, names_of
+from longctx.synthetic.tasks import SUITE_TASKS, TASKS, lay_out, names_of
 
 OOD_TASKS = names_of("ood")
 
@@ -46,7 +46,6 @@ def suite_texts() -> list[str]:
     """Every suite task but the QA ones (RULER's 13 and the lc_* formats, on the noise
     haystack), three instances each: prompt and answer."""
     from longctx.synthetic import DoesNotFit, NoiseHaystack
-    from longctx.synthetic.tasks import SUITE_TASKS, lay_out
 
     texts = []
     for name in SUITE_TASKS:
