@@ -1,7 +1,7 @@
 """Context parallelism on CPU: the balancers side by side (work, pieces, attention time, step).
 
 Rows of lognormal documents (median 600, sigma 1.0; bench_step.make_batch), every balancer of
-longctx.distributed.cp_balance on the same rows in one run:
+longctx.cp_balance on the same rows in one run:
 
 1. Balance (pure arithmetic on the plans, 16 rows): work imbalance, max / mean over the ranks of
    in-document causal pairs (what training logs as train/cp_work_imbalance; max / min too),
@@ -45,8 +45,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from longctx import planner
-from longctx.distributed.context_parallel import context_shard
-from longctx.distributed.cp_balance import DEFAULT_BALANCE, plan_stats, row_owner
+from longctx.context_shard import context_shard
+from longctx.cp_balance import DEFAULT_BALANCE, plan_stats, row_owner
+from longctx.distributed.context_parallel import all_gather_over
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import (
     attention_over_row,
@@ -130,6 +131,11 @@ def attention_seconds(shard, q, k_local, v_local, k_row, v_row) -> float:
     return time.perf_counter() - start
 
 
+def no_gather(x: torch.Tensor) -> torch.Tensor:
+    """A simulated rank's all_gather: the simulation hands attention the whole rows itself."""
+    raise AssertionError("a simulated context-parallel rank gathered")
+
+
 def qkv(length: int, size: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     local = length // size
@@ -142,7 +148,7 @@ def qkv(length: int, size: int, seed: int = 0):
 def simulated_attention(length: int, timing_rows: int) -> list[dict]:
     """Each rank's attention alone, 1 thread, balancers interleaved row by row."""
     torch.set_num_threads(1)
-    attention_seconds(context_shard(make_batch(length), 0, 2, group="g"), *qkv(length, 2))
+    attention_seconds(context_shard(make_batch(length), 0, 2, no_gather), *qkv(length, 2))
     results = []
     for size in SIZES:
         tensors = qkv(length, size)
@@ -153,7 +159,7 @@ def simulated_attention(length: int, timing_rows: int) -> list[dict]:
             for name, how, rounds in BALANCERS:
                 times = [
                     attention_seconds(
-                        context_shard(batch, r, size, group="g", balance=how, rounds=rounds),
+                        context_shard(batch, r, size, no_gather, balance=how, rounds=rounds),
                         *tensors,
                     )
                     for r in range(size)
@@ -182,7 +188,9 @@ def gloo_attention_worker(rank, length, timing_rows, repeats, port, queue) -> No
         batch = make_batch(length, seed=seed)
         for repeat in range(repeats + 1):  # the first pass warms up
             for name, how, rounds in BALANCERS:
-                shard = context_shard(batch, rank, 2, group, balance=how, rounds=rounds)
+                shard = context_shard(
+                    batch, rank, 2, all_gather_over(group), balance=how, rounds=rounds
+                )
                 meta = build_attention_metadata(shard, "sdpa")
                 leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
                 dist.barrier()
@@ -243,7 +251,9 @@ def step_worker(rank, size, how, rounds, length, steps, port, queue) -> None:
     for step in range(steps + 1):  # one warm-up step first
         start = time.perf_counter()  # the plan is made every step, as in training
         if size > 1:
-            shard = context_shard(batch, rank, size, group, balance=how, rounds=rounds)
+            shard = context_shard(
+                batch, rank, size, all_gather_over(group), balance=how, rounds=rounds
+            )
         data_parallel_step(model, shard if size > 1 else batch, opt, group)
         if step:
             times.append(time.perf_counter() - start)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longctx.distributed.cp_balance import plan_stats, row_owner
+from longctx.cp_balance import plan_stats, row_owner
 from longctx.planner.layout import lognormal_row
 
 RESULTS = Path(__file__).parent / "results"

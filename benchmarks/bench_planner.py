@@ -63,7 +63,8 @@ def rank_worker(
     import torch
     import torch.distributed as dist
 
-    from longctx.distributed.context_parallel import context_shard
+    from longctx.context_shard import context_shard
+    from longctx.distributed.context_parallel import all_gather_over
     from longctx.model import Llama
     from longctx.train.cpu_memory import retain_freed_memory
 
@@ -79,7 +80,7 @@ def rank_worker(
     torch.manual_seed(0)
     model = Llama(tiny_config(checkpointing)).to(device)
     batch = make_batch(length, seed=0)
-    shard = context_shard(batch, rank, size, group) if size > 1 else batch
+    shard = context_shard(batch, rank, size, all_gather_over(group)) if size > 1 else batch
     shard = shard.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if device == "cuda":

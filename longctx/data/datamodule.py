@@ -23,6 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from longctx.batch import PackedBatch
+from longctx.context_shard import data_parallel_rank_and_size
 from longctx.data.config import DataConfig
 from longctx.data.packing import PackedRow, collate_rows, make_packer
 from longctx.data.run_tokenizer import data_folders
@@ -41,7 +42,6 @@ from longctx.data.streams import (
     upsampled_slots,
 )
 from longctx.data.tokenizer import data_tokenizer, load_tokenizer, packing_bos_id
-from longctx.distributed.context_parallel import data_parallel_rank_and_size
 from longctx.synthetic.mqar import answer_keys
 
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from longctx.distributed.cp_balance import DEFAULT_BALANCE, check_balance, rank_unit
+from longctx.cp_balance import DEFAULT_BALANCE, check_balance, rank_unit
 
 
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
     """``context_parallel``: ranks that split each packed row; it must divide the world size,
     and the remaining factor is data parallel (DDP or FSDP2). ``context_parallel_balance``:
-    which tokens of a row each rank holds (longctx.distributed.cp_balance: documents,
+    which tokens of a row each rank holds (longctx.cp_balance: documents,
     head_tail or rounds). ``context_parallel_rounds``: head-tail rounds per row of the
     ``rounds`` balancer (each row is cut into 2 x context_parallel chunks per round)."""
 

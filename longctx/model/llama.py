@@ -16,7 +16,7 @@ from torch.nn.utils import skip_init
 from torch.utils.checkpoint import checkpoint
 
 from longctx.batch import PackedBatch
-from longctx.distributed.context_parallel import ContextShard, gather_row, own_tokens
+from longctx.context_shard import ContextShard, gather_row, own_tokens
 from longctx.model.attention import (
     AttentionMetadata,
     attention,

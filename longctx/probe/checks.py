@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longctx.batch import IGNORE_INDEX, PackedBatch, position_ids_for
-from longctx.distributed.context_parallel import ContextShard
+from longctx.context_shard import ContextShard
 from longctx.probe.report import Report, Result
 
 CHECKS = ("boundary_loss", "positions", "isolation", "equivalence")

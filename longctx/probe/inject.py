@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from longctx.batch import PackedBatch
-from longctx.distributed.context_parallel import ContextShard
+from longctx.context_shard import ContextShard
 from longctx.probe.checks import ProbeRows
 
 ENV = "LONGCTX_PROBE_INJECT"

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from longctx import planner
-from longctx.distributed.context_parallel import check_context_parallel
+from longctx.context_shard import check_context_parallel
 from longctx.distributed.layout import ParallelConfig, world_size
 from longctx.distributed.slurm import check_allocation, check_master_address
 from longctx.model.attention import get_backend, resolve_backend

@@ -34,15 +34,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from longctx import cp_balance
 from longctx.batch import PackedBatch
-from longctx.distributed import cp_balance
-from longctx.distributed.context_parallel import (
-    ContextShard,
-    context_shard,
-    gather_row,
-    lower_right_causal_attention,
-)
-from longctx.distributed.cp_balance import (
+from longctx.context_shard import ContextShard, context_shard, gather_row
+from longctx.cp_balance import (
     BALANCERS,
     EVEN_TOLERANCE,
     PlanStats,
@@ -57,6 +52,7 @@ from longctx.model.attention import attention, attention_over_row, build_attenti
 from longctx.model.attention.base import AttentionBackend
 from longctx.model.attention.flash import context_key_spans
 from longctx.model.attention.flex import build_context_block_mask
+from longctx.model.attention.sdpa import lower_right_causal_attention
 from longctx.train.app import run
 from longctx.train.preflight import ConfigError, check_backend, check_parallel
 
@@ -94,6 +90,11 @@ def make_qkv(b: int, length: int, seed: int = 0):
     q = torch.randn(b, length, H, D, generator=gen)
     k, v = (torch.randn(b, length, HKV, D, generator=gen) for _ in range(2))
     return q, k, v
+
+
+def no_gather(x: torch.Tensor) -> torch.Tensor:
+    """A simulated rank's all_gather: these tests hand attention the whole rows themselves."""
+    raise AssertionError("a simulated context-parallel rank gathered")
 
 
 def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -275,10 +276,12 @@ def test_a_shard_of_size_two_without_group_cannot_gather():
 
 
 def test_shard_moves_with_its_metadata():
-    shard = context_shard(make_batch(), 1, 2, group="g")
+    shard = context_shard(make_batch(), 1, 2, no_gather)
     moved = shard.to("cpu")
     assert isinstance(moved, ContextShard)
-    assert (moved.cp_rank, moved.cp_size, moved.group, moved.plan) == (1, 2, "g", shard.plan)
+    assert (moved.cp_rank, moved.cp_size, moved.all_gather, moved.plan) == (
+        1, 2, no_gather, shard.plan,
+    )  # fmt: skip
     assert torch.equal(moved.key_prefix_lens, shard.key_prefix_lens)
 
 
@@ -287,7 +290,7 @@ def simulated_ranks(backend, batch: PackedBatch, size: int, q, k, v, balance, ro
     """Every rank's output written back to its row positions: [B, L, H, D]."""
     out = torch.zeros_like(q)
     for r in range(size):
-        shard = context_shard(batch, r, size, group="simulated", balance=balance, rounds=rounds)
+        shard = context_shard(batch, r, size, no_gather, balance=balance, rounds=rounds)
         meta = build_attention_metadata(shard, backend)
         idx = shard.global_index
         local = attention_over_row(take(q, idx), take(k, idx), take(v, idx), k, v, meta)
@@ -352,7 +355,7 @@ def test_flash_key_spans_feed_a_varlen_kernel_exactly(balance, size, rounds):
     with torch.no_grad():
         expected = attention(q, k, v, build_attention_metadata(batch, "eager"))
         for r in range(size):
-            shard = context_shard(batch, r, size, group="simulated", balance=balance, rounds=rounds)
+            shard = context_shard(batch, r, size, no_gather, balance=balance, rounds=rounds)
             keys = context_key_spans(shard)
             q_flat = take(q, shard.global_index).flatten(0, 1)
             k_packed, v_packed = (x.flatten(0, 1)[keys["key_index"]] for x in (k, v))
@@ -376,7 +379,7 @@ def test_flex_block_mask_lists_exactly_the_tiles_with_visible_keys(balance, size
     other tile none: the mask is as sparse as the plan allows."""
     batch = make_batch(rows=FLEX_ROWS, length=1024)
     for r in range(size):
-        shard = context_shard(batch, r, size, group="simulated", balance=balance)
+        shard = context_shard(batch, r, size, no_gather, balance=balance)
         dense = shard.to_dense_mask().view(3, -1, 128, 8, 128).transpose(2, 3)
         any_visible, all_visible = dense.any((-1, -2)), dense.all((-1, -2))
         block_mask = build_context_block_mask(shard)
@@ -413,7 +416,7 @@ def test_compiled_flex_does_not_recompile_for_a_new_document_layout():
         for rows in layouts:
             for rank in range(size):
                 batch = make_batch(rows=rows, length=1024)
-                shard = context_shard(batch, rank, size, group="g", balance=balance)
+                shard = context_shard(batch, rank, size, no_gather, balance=balance)
                 block_mask = build_attention_metadata(shard, "flex").data
                 local = q.gather(2, shard.global_index[:, None, :, None].expand(-1, H, -1, D))
                 with torch.no_grad():
@@ -422,7 +425,7 @@ def test_compiled_flex_does_not_recompile_for_a_new_document_layout():
 
 
 def test_lower_right_causal_attention_in_many_blocks(monkeypatch):
-    import longctx.distributed.context_parallel as cp
+    import longctx.model.attention.sdpa as cp
 
     q, k, v = make_qkv(1, 40)
     q, k, v = q[0, 25:], k[0], v[0]  # 15 queries, the last of 40 keys

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from longctx.batch import PackedBatch
-from longctx.distributed.context_parallel import context_shard
+from longctx.context_shard import context_shard
 from longctx.model.attention import attention, attention_over_row, build_attention_metadata
 from longctx.model.attention.flash import available_flash_impls
 
@@ -31,11 +31,16 @@ VARIANTS = [("flash", "flash_attn"), ("flash", "torch_varlen"), ("flex", None), 
 TOL = {torch.float32: 2e-4, torch.bfloat16: 2e-2}
 
 
+def no_gather(x: torch.Tensor) -> torch.Tensor:
+    """A simulated rank's all_gather: these tests hand attention the whole rows themselves."""
+    raise AssertionError("a simulated context-parallel rank gathered")
+
+
 def simulated_ranks(backend, impl, batch, size, balance, rounds, q, k, v):
     """Every rank's output written back to its row positions: [B, L, H, D]."""
     out = torch.zeros_like(q)
     for r in range(size):
-        shard = context_shard(batch, r, size, group="simulated", balance=balance, rounds=rounds)
+        shard = context_shard(batch, r, size, no_gather, balance=balance, rounds=rounds)
         meta = build_attention_metadata(shard, backend)
         if impl is not None:
             meta = dataclasses.replace(meta, data=dataclasses.replace(meta.data, impl=impl))
@@ -121,7 +126,7 @@ def test_compiled_flex_does_not_recompile_for_a_new_document_layout():
         batch = PackedBatch.from_lengths(
             torch.zeros(1, LENGTH, dtype=torch.long), rows, reset_position_ids=False
         ).to(device)
-        shard = context_shard(batch, 1, 2, group="simulated", balance="documents")
+        shard = context_shard(batch, 1, 2, no_gather, balance="documents")
         q = torch.randn(1, LENGTH // 2, H, D, generator=gen, device=device, requires_grad=True)
         block_mask = build_attention_metadata(shard, "flex").data
         flex_document_attention(q, k, v, block_mask).sum().backward()

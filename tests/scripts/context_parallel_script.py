@@ -26,12 +26,8 @@ import torch.multiprocessing as mp
 from helpers import assert_close_scaled
 
 from longctx.batch import PackedBatch
-from longctx.distributed.context_parallel import (
-    context_parallel_group,
-    context_shard,
-    data_parallel_rank_and_size,
-    gather_row,
-)
+from longctx.context_shard import context_shard, data_parallel_rank_and_size, gather_row
+from longctx.distributed.context_parallel import all_gather_over, context_parallel_group
 from longctx.model import Llama, LlamaConfig
 
 L = 240
@@ -89,7 +85,12 @@ def distributed(model, batches, context_parallel: int, balance: str, rounds: int
     )
     rank = dist.get_rank(group)
     shard = context_shard(
-        batches[replica], rank, context_parallel, group, balance=balance, rounds=rounds
+        batches[replica],
+        rank,
+        context_parallel,
+        all_gather_over(group),
+        balance=balance,
+        rounds=rounds,
     )
     out = results(model, shard)
     for key, value in out.items():

@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from probe_fixtures import VOCAB, make_rows
 
-from longctx.distributed.context_parallel import context_parallel_group, context_shard
+from longctx.context_shard import context_shard
+from longctx.distributed.context_parallel import all_gather_over, context_parallel_group
 from longctx.model import Llama, LlamaConfig
 from longctx.probe import inject
 from longctx.probe.checks import Target, packed_lm_forward, probe
@@ -37,7 +38,7 @@ def worker(rank: int, world: int, rounds: int, port: int) -> None:
         cp_rank = dist.get_rank(group)
         balance = "rounds" if rounds > 1 else "head_tail"  # the layouts the messages name
         shard = lambda batch: context_shard(  # noqa: E731
-            batch, cp_rank, world, group, balance=balance, rounds=rounds
+            batch, cp_rank, world, all_gather_over(group), balance=balance, rounds=rounds
         )
         for backend in ("sdpa", "eager"):
             torch.manual_seed(0)

@@ -10,7 +10,7 @@ from helpers import FAST, compose
 
 from longctx import planner
 from longctx.batch import PackedBatch
-from longctx.distributed.context_parallel import context_shard
+from longctx.context_shard import context_shard
 from longctx.model import Llama, LlamaConfig
 from longctx.model.attention import attention_over_row, build_attention_metadata
 from longctx.planner import PlanError, RunLayout
@@ -22,6 +22,11 @@ TINY = LlamaConfig.from_name("tiny", attn_backend="sdpa", loss_chunk_size=4096)
 LLAMA_8B = LlamaConfig.from_name("llama3_8b", attn_backend="flash", activation_checkpointing=False)
 CPU = planner.Device("cpu", 24 * 2**30, None, 300 * 2**20, "measured")
 H100 = planner.known_device("H100")
+
+
+def no_gather(x: torch.Tensor) -> torch.Tensor:
+    """A simulated rank's all_gather: these tests hand attention the whole rows themselves."""
+    raise AssertionError("a simulated context-parallel rank gathered")
 
 
 def term(plan: planner.CapacityPlan, prefix: str) -> int:
@@ -93,7 +98,7 @@ def test_context_parallel_attention_saves_no_gathered_row():
     batch = PackedBatch.from_lengths(
         torch.randint(0, 512, (1, 1024)), [lengths], reset_position_ids=True
     )
-    shard = context_shard(batch, 1, 2, group="simulated", balance="head_tail")
+    shard = context_shard(batch, 1, 2, no_gather, balance="head_tail")
     meta = build_attention_metadata(shard, "sdpa")
     q = torch.randn(1, 1024, 4, 64, requires_grad=True)
     k_row, v_row = (torch.randn(1, 1024, 2, 64, requires_grad=True) for _ in range(2))

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from hf_features import to_hf_kwargs
 from probe_fixtures import VOCAB, make_rows, save_hf
 
-from longctx.distributed.context_parallel import context_shard
+from longctx.context_shard import context_shard
 from longctx.hf.adapter import load_hf_causal_lm
-from longctx.hf.features import to_hf_kwargs
 from longctx.model import Llama, LlamaConfig
 from longctx.probe import inject
 from longctx.probe.checks import (

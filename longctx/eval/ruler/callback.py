@@ -34,8 +34,8 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from longctx.distributed.context_parallel import data_parallel_rank_and_size
-from longctx.distributed.cp_balance import rank_unit
+from longctx.context_shard import data_parallel_rank_and_size
+from longctx.cp_balance import rank_unit
 from longctx.eval.files import append_rows, write_json
 from longctx.eval.long_documents import check_eval_length, check_factor, multiples
 from longctx.eval.ruler.generate import plan_instances

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
-from longctx.distributed.context_parallel import ContextShard, gather_row
+from longctx.context_shard import ContextShard, gather_row
 from longctx.eval.ruler.effective_length import effective_lengths
 from longctx.eval.ruler.instances import Instance, RulerInputError
 from longctx.eval.ruler.metrics import ruler_metric

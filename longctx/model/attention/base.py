@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from longctx.batch import PackedBatch
-from longctx.distributed.cp_balance import DOCUMENTS
+from longctx.cp_balance import DOCUMENTS
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longctx.batch import PackedBatch
-from longctx.distributed.context_parallel import ContextShard, piece_spans, span_index
+from longctx.context_shard import ContextShard, piece_spans, span_index
 from longctx.model.attention.base import AttentionBackend
 from longctx.model.attention.names import FLASH
 

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from longctx.batch import PackedBatch, check_dense_mask_len
-from longctx.distributed.context_parallel import ContextShard
+from longctx.context_shard import ContextShard
 from longctx.model.attention.base import AttentionBackend
 from longctx.model.attention.names import FLEX
 

@@ -21,14 +21,10 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from longctx.batch import PackedBatch
-from longctx.distributed.context_parallel import (
-    ContextShard,
-    lower_right_causal_attention,
-    piece_spans,
-    span_index,
-)
+from longctx.context_shard import ContextShard, piece_spans, span_index
 from longctx.model.attention.base import AttentionBackend
 from longctx.model.attention.names import SDPA
 
@@ -38,6 +34,9 @@ from longctx.model.attention.names import SDPA
 # ~1e-10 s at the 8B shape, so padding is far cheaper there (an estimate; benchmarks/gpu_bench.py
 # times several budgets).
 PAD_BUDGET_TOKENS2 = {"cpu": 32 * 32, "cuda": 512 * 512}
+# Elements of one query block's [q, k] mask in the context-parallel path (4M: a 16 MB fp32
+# additive mask).
+MASK_BLOCK_ELEMENTS = 1 << 22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,3 +303,35 @@ def splice_prefixed_pieces(
     flat = out_local.reshape(b * local_len, h, d)
     spliced = flat.index_copy(0, data.prefixed_query_index, torch.cat(fixed))
     return spliced.view(b, local_len, h, d)
+
+
+def lower_right_causal_attention(q_QHD: Tensor, k_KHD: Tensor, v_KHD: Tensor) -> Tensor:
+    """Queries that are the last Q of K keys: query i sees keys 0 .. K-Q+i. -> [Q, H, D].
+
+    In blocks of queries whose [q, k] mask has at most MASK_BLOCK_ELEMENTS, each under
+    checkpoint when gradients are on: SDPA would keep its float mask for backward, which over
+    the 2k pieces per row of every layer adds up to gigabytes at 128k (measured); rebuilt in
+    backward instead, memory stays one block's whatever Q, K and the number of pieces.
+    """
+    q_len, k_len = q_QHD.shape[0], k_KHD.shape[0]
+    block = max(1, MASK_BLOCK_ELEMENTS // k_len)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_QHD, k_KHD, v_KHD))
+    outs = []
+    for start in range(0, q_len, block):
+        stop = min(start + block, q_len)
+        visible = k_len - q_len + stop  # keys seen by the block's last query
+        args = (q_QHD[start:stop], k_KHD[:visible], v_KHD[:visible])
+        outs.append(
+            checkpoint(_masked_block, *args, use_reentrant=False) if grad else _masked_block(*args)
+        )
+    return torch.cat(outs)
+
+
+def _masked_block(q_QHD: Tensor, k_KHD: Tensor, v_KHD: Tensor) -> Tensor:
+    q_len, k_len = q_QHD.shape[0], k_KHD.shape[0]
+    mask_QK = torch.ones(q_len, k_len, dtype=torch.bool, device=q_QHD.device).tril(k_len - q_len)
+    q_1HQD, k_1HKD, v_1HKD = (x.transpose(0, 1).unsqueeze(0) for x in (q_QHD, k_KHD, v_KHD))
+    out_1HQD = F.scaled_dot_product_attention(
+        q_1HQD, k_1HKD, v_1HKD, attn_mask=mask_QK, enable_gqa=q_QHD.shape[1] != k_KHD.shape[1]
+    )
+    return out_1HQD[0].transpose(0, 1)
