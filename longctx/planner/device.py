@@ -7,13 +7,8 @@ import math
 import resource
 from dataclasses import dataclass
 
-from longctx.planner.settings import (
-    GIB,
-    INTER_NODE_BYTES_PER_S,
-    INTRA_NODE_BYTES_PER_S,
-    PlanError,
-    require_positive,
-)
+from longctx.model.validation import require_positive
+from longctx.planner.settings import GIB, INTER_NODE_BYTES_PER_S, INTRA_NODE_BYTES_PER_S, PlanError
 
 # (memory GB as sold, dense bf16 FLOP/s) of accelerators the planner knows by name
 KNOWN_DEVICES = {"H100": (80, 989e12), "H200": (141, 989e12), "A100": (80, 312e12)}
@@ -43,17 +38,20 @@ class Device:
     heap_retention: float = 0.0
 
     def __post_init__(self) -> None:
-        require_positive("device memory", self.memory_bytes, "planner.device_memory_gb")
+        require_positive(
+            "planner.device_memory_gb", self.memory_bytes, PlanError, "the device memory"
+        )
         if not (math.isfinite(self.heap_retention) and self.heap_retention >= 0):
             raise PlanError(f"heap_retention={self.heap_retention!r}; expected a fraction >= 0")
         if self.peak_flops is not None:
-            require_positive("peak FLOP/s", self.peak_flops, "peak_flops_per_device")
+            require_positive("peak_flops_per_device", self.peak_flops, PlanError, "the peak FLOP/s")
         for name, key in (
             ("intra_node_bytes_per_s", "intra_node_gb_per_s"),
             ("inter_node_bytes_per_s", "inter_node_gb_per_s"),
         ):
             setting = f"{name} (planner.{key} x 1e9)"
-            require_positive("collective bandwidth per GPU", getattr(self, name), setting)
+            bandwidth = "the collective bandwidth per GPU"
+            require_positive(setting, getattr(self, name), PlanError, bandwidth)
 
 
 def known_device(name: str, baseline_bytes: int = CUDA_RUNTIME_BYTES) -> Device:

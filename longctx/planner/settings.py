@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
+
+from longctx.model.validation import require_positive
 
 GIB = 2**30
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
@@ -17,13 +18,6 @@ DEFAULT_MFU = 0.40
 
 class PlanError(ValueError):
     """A planning input that is missing or cannot work; the message names the key to set."""
-
-
-def require_positive(name: str, value, setting: str) -> None:
-    """A finite positive number, or a PlanError naming the setting it comes from."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise PlanError(f"{setting}={value!r}: the {name}; expected a finite positive number")
 
 
 @dataclass(frozen=True)
@@ -44,19 +38,29 @@ class PlannerSettings:
             raise PlanError(f"planner.device={self.device!r}; expected an accelerator name or null")
         if self.device_memory_gb is not None:
             require_positive(
-                "memory of one device", self.device_memory_gb, "planner.device_memory_gb"
+                "planner.device_memory_gb",
+                self.device_memory_gb,
+                PlanError,
+                "the memory of one device",
             )
-        require_positive("model FLOPs utilisation", self.mfu, "planner.mfu")
+        require_positive("planner.mfu", self.mfu, PlanError, "the model FLOPs utilisation")
         if self.mfu > 1:
             raise PlanError(f"planner.mfu={self.mfu}; expected a fraction in (0, 1]")
         for key in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
-            require_positive("collective bandwidth per GPU", getattr(self, key), f"planner.{key}")
+            bandwidth = "the collective bandwidth per GPU"
+            require_positive(f"planner.{key}", getattr(self, key), PlanError, bandwidth)
         if self.doc_length_median is not None:
             require_positive(
-                "median document length", self.doc_length_median, "planner.doc_length_median"
+                "planner.doc_length_median",
+                self.doc_length_median,
+                PlanError,
+                "the median document length",
             )
         require_positive(
-            "document length spread", self.doc_length_sigma, "planner.doc_length_sigma"
+            "planner.doc_length_sigma",
+            self.doc_length_sigma,
+            PlanError,
+            "the document length spread",
         )
 
     @classmethod
