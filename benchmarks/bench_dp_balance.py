@@ -1,5 +1,5 @@
 """Data-parallel balance, predicted: Llama 3 8B on H100, the step's rows before and after
-longctx.data.dp_balance reorders them over (rank, micro-batch) slots.
+longctx.distributed.dp_balance reorders them over (rank, micro-batch) slots.
 
 Per length mix, documents are packed into rows by the best_fit packer (longctx.data.packing.
 plan_rows, buffer 1000, seed 0; one stream, rows in the order it emits them). Step s of a
@@ -39,14 +39,14 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from longctx import planner
 from longctx.data.corpus import default_corpus_dir
-from longctx.data.dp_balance import (
+from longctx.data.packing import plan_rows
+from longctx.data.shards import ShardSet
+from longctx.distributed.dp_balance import (
     balance_step,
     max_lower_bound,
     row_cost_for,
     unbalanced_step,
 )
-from longctx.data.packing import plan_rows
-from longctx.data.shards import ShardSet
 from longctx.io import atomic_write_bytes
 from longctx.model import LlamaConfig
 

@@ -1,4 +1,4 @@
-"""The data-parallel balancer (longctx.data.dp_balance): a permutation of the step's rows,
+"""The data-parallel balancer (longctx.distributed.dp_balance): a permutation of the step's rows,
 deterministic, never worse than LPT, and its cost model the planner's."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from longctx import planner
-from longctx.data.dp_balance import (
+from longctx.distributed.dp_balance import (
     RowCost,
     balance_step,
     imbalance,
