@@ -40,7 +40,6 @@ from longctx.experiments.sweep_files import read_table, require_runs, run_name, 
 HELD_OUT_FILE = Path("eval") / "held_out_documents.csv"
 ANSWERS_FILE = Path("eval") / "held_out_answers.csv"  # longctx.eval.answer_loss
 ARM_KEYS = ("reset_position_ids", "document_mask", "packer")
-CONFIDENCE = 0.95
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,10 +148,6 @@ def arm_sample(frame: pd.DataFrame, arm: tuple) -> st.ArmSample:
     return st.arm_sample(rows, "loss_sum", "tokens", ["doc"])
 
 
-def interval(replicates: np.ndarray) -> tuple[float, float]:
-    return st.interval(replicates, CONFIDENCE)
-
-
 def verdict(low: float, high: float, floor: float | None = None) -> str:
     """``floor``: the training-noise floor (see the module docstring), when the sweep has one."""
     if low <= 0 <= high:
@@ -203,7 +198,7 @@ def summarize(
         "target_tokens": int(samples[arms[0]].weights[0].sum()),
         "bootstrap": {
             "replicates": n_boot,
-            "confidence": CONFIDENCE,
+            "confidence": st.CONFIDENCE,
             "seed": seed,
             "method": BOOTSTRAP_METHOD,
         },  # fmt: skip
@@ -239,7 +234,7 @@ def _pairs(arms: list[tuple], names: dict, samples: dict, n_boot: int, rng) -> d
 
 def _arm_row(name, arm, runs, sample: st.ArmSample, n_boot, rng) -> dict:
     own = [r for r in runs if r.arm == arm]
-    low, high = interval(st.bootstrap(sample, n_boot, rng))
+    low, high = st.interval(st.bootstrap(sample, n_boot, rng))
     per_seed = np.array(list(sample.per_seed().values()))
     return {
         "arm": name,
@@ -265,7 +260,7 @@ def position_bands(frame: pd.DataFrame, names: dict, n_boot: int, rng) -> pd.Dat
     rows = []
     for (arm, start), part in frame.groupby([frame["arm"].map(names), "bucket_start"]):
         sample = st.arm_sample(part, "loss_sum", "tokens", ["doc"])
-        low, high = interval(st.bootstrap(sample, n_boot, rng))
+        low, high = st.interval(st.bootstrap(sample, n_boot, rng))
         rows.append({"arm": arm, "bucket_start": int(start), "loss": sample.estimate, "low": low,
                      "high": high, "tokens": int(sample.weights[0].sum())})  # fmt: skip
     return pd.DataFrame(rows)
@@ -294,7 +289,7 @@ def _answer_rows(frame: pd.DataFrame, arms, names: dict, n_boot: int, rng) -> di
         "documents": len(first.instances),
         "answer_tokens": int(first.weights[0].sum()),
         "arms": [{"arm": names[a], "loss": samples[a].estimate,
-                  "ci": list(interval(st.bootstrap(samples[a], n_boot, rng))),
+                  "ci": list(st.interval(st.bootstrap(samples[a], n_boot, rng))),
                   "seed_losses": list(samples[a].per_seed().values())} for a in arms],
         **_pairs(arms, names, samples, n_boot, rng),
     }  # fmt: skip
@@ -315,7 +310,7 @@ def format_summary(summary: dict) -> str:
     lines = [
         f"{summary['runs']} runs, {summary['documents']} held-out documents "
         f"({summary['target_tokens']:,} target tokens), {summary['bootstrap']['replicates']} "
-        f"bootstrap replicates, {int(CONFIDENCE * 100)}% CIs; control: {summary['control']}",
+        f"bootstrap replicates, {int(st.CONFIDENCE * 100)}% CIs; control: {summary['control']}",
         _noise_line(summary["training_noise"]),
         "",
         "| arm | seeds | held-out loss [95% CI] | seed sd | Δ vs control [95% CI] "

@@ -39,7 +39,7 @@ from longctx.cli import command
 from longctx.eval.ruler.effective_length import relative_effective_length, ruler_effective_length
 from longctx.eval.ruler.generate import RULER_TASK_NAMES, chance
 from longctx.experiments import statistics as st
-from longctx.experiments.ablation import interval, verdict
+from longctx.experiments.ablation import verdict
 
 # the final evaluation (python -m longctx.eval ... --suite ruler), else the in-loop callback's
 RESULTS = (Path("eval") / "ruler" / "ruler_results.csv", Path("eval") / "ruler_results.csv")
@@ -173,7 +173,7 @@ def _arm(part: pd.DataFrame, arm: str, floor: float, n_boot: int, rng) -> dict:
     seed_scores: dict[int, dict[int, float]] = {}
     for length, at in part.groupby("length"):
         sample = arm_sample(at)
-        low, high = interval(st.bootstrap(sample, n_boot, rng))
+        low, high = st.interval(st.bootstrap(sample, n_boot, rng))
         rows.append({"length": int(length), "score": sample.estimate, "ci": [low, high]})
         for seed, score in sample.per_seed().items():
             seed_scores.setdefault(int(seed), {})[int(length)] = score
