@@ -37,9 +37,10 @@ import pandas as pd
 
 from longctx.cli import command
 from longctx.eval.ruler.effective_length import relative_effective_length, ruler_effective_length
-from longctx.eval.ruler.generate import RULER_TASK_NAMES, chance
+from longctx.eval.ruler.generate import chance
 from longctx.experiments import statistics as st
 from longctx.experiments.ablation import verdict
+from longctx.synthetic.tasks import RULER_TASKS
 
 # the final evaluation (python -m longctx.eval ... --suite ruler), else the in-loop callback's
 RESULTS = (Path("eval") / "ruler" / "ruler_results.csv", Path("eval") / "ruler_results.csv")
@@ -189,7 +190,7 @@ def _arm(part: pd.DataFrame, arm: str, floor: float, n_boot: int, rng) -> dict:
                         chance(task)).get("length")
         for task, rows_ in by_task.groupby("task")
     }  # fmt: skip
-    ruler = part[part["task"].isin(RULER_TASK_NAMES)]
+    ruler = part[part["task"].isin(RULER_TASKS)]
     ruler_scores = ruler.groupby(["length", "task"])["score"].mean().groupby("length").mean()
     return {
         "arm": arm,

@@ -16,7 +16,6 @@ from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.data import ByteTokenizer
 from longctx.eval import cli
 from longctx.eval.ruler import (
-    TASK_NAMES,
     RulerInputError,
     cell_table,
     chance,
@@ -30,12 +29,13 @@ from longctx.eval.ruler import (
     write_instances,
 )
 from longctx.eval.ruler.instances import Instance
+from longctx.synthetic.tasks import SUITE_TASKS
 
 TOK = ByteTokenizer()
 # the tasks an induction model (copy what followed the longest earlier match) solves exactly
 INDUCTION_TASKS = ["lc_passkey", "lc_niah_single", "lc_niah_multikey", "lc_copy"]
 # the teacher-forced controls run on longctx's own formats (RULER's: tests/unit/test_ruler_tasks.py)
-LC_TASKS = [t for t in TASK_NAMES if t.startswith("lc_")]
+LC_TASKS = [t for t in SUITE_TASKS if t.startswith("lc_")]
 
 
 # ----------------------------------------------------------------------- control models

@@ -1,4 +1,4 @@
-"""The effective-length suite under Llama 3's BPE: every task's instances (whatever TASK_NAMES
+"""The effective-length suite under Llama 3's BPE: every task's instances (whatever SUITE_TASKS
 holds: RULER's 13 and longctx's own) have exact lengths under `llama3`, hold no special id, and
 the answer's tokens are the needle's, each piece encoded on its own as the prompt holds it."""
 
@@ -12,7 +12,8 @@ import pytest
 from helpers import CACHE_DIR
 
 from longctx.data.tokenizer import load_tokenizer
-from longctx.eval.ruler import TASK_NAMES, make_instances
+from longctx.eval.ruler import make_instances
+from longctx.synthetic.tasks import SUITE_TASKS
 
 QA = Path(__file__).resolve().parents[1] / "fixtures" / "ruler_qa"
 LENGTHS = [1024, 2048]
@@ -20,7 +21,7 @@ LENGTHS = [1024, 2048]
 # fill 512..544 tokens (shorter: a question's gold documents do not fit; longer: it runs out)
 QA_LENGTHS = [512, 544]
 # tasks whose references are needles written into the prompt as " value" (vt: "value")
-NEEDLE_TASKS = [t for t in TASK_NAMES if t.startswith(("niah", "vt", "fwe"))]
+NEEDLE_TASKS = [t for t in SUITE_TASKS if t.startswith(("niah", "vt", "fwe"))]
 
 
 @functools.cache
@@ -31,7 +32,7 @@ def instances(task: str):
                           cache_dir=str(CACHE_DIR), qa_data=QA)  # fmt: skip
 
 
-@pytest.mark.parametrize("task", TASK_NAMES)
+@pytest.mark.parametrize("task", SUITE_TASKS)
 def test_every_instance_has_its_exact_length_under_llama3(task):
     made = instances(task)
     assert {i.length for i in made} == set(QA_LENGTHS if task.startswith("qa") else LENGTHS)

@@ -13,7 +13,6 @@ import torch
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.data import ByteTokenizer
 from longctx.eval.ruler import (
-    RULER_TASK_NAMES,
     RulerInputError,
     relative_effective_length,
     ruler_effective_length,
@@ -27,6 +26,7 @@ from longctx.eval.ruler.instances import Instance
 from longctx.eval.ruler.metrics import ruler_metric
 from longctx.model import Llama, LlamaConfig
 from longctx.model.generate import greedy_generate
+from longctx.synthetic.tasks import RULER_TASKS
 
 TOK = ByteTokenizer()
 
@@ -222,35 +222,29 @@ def rows_for(task_scores: dict[tuple[str, int], list[float]]) -> list[dict]:
 
 
 def test_the_bootstrap_interval_brackets_the_effective_length():
-    sure = {(t, n): [1.0] * 10 for t in RULER_TASK_NAMES[:2] for n in (4 * K, 8 * K)}
-    assert bootstrap_effective_length(
-        rows_for(sure), RULER_TASK_NAMES[:2], ruler_effective_length
-    ) == (
+    sure = {(t, n): [1.0] * 10 for t in RULER_TASKS[:2] for n in (4 * K, 8 * K)}
+    assert bootstrap_effective_length(rows_for(sure), RULER_TASKS[:2], ruler_effective_length) == (
         8 * K,
         8 * K,
     )
     # at 8K one task is right 9 times in 10: the suite score 0.95 passes, but a replicate can
     # draw 0.7 (0.85 suite): the interval reaches down to 4K
-    shaky = {**sure, (RULER_TASK_NAMES[0], 8 * K): [1.0] * 9 + [0.0]}
-    low, high = bootstrap_effective_length(
-        rows_for(shaky), RULER_TASK_NAMES[:2], ruler_effective_length
-    )
+    shaky = {**sure, (RULER_TASKS[0], 8 * K): [1.0] * 9 + [0.0]}
+    low, high = bootstrap_effective_length(rows_for(shaky), RULER_TASKS[:2], ruler_effective_length)
     assert (low, high) == (4 * K, 8 * K)
 
 
 def test_summarize_reports_rulers_and_the_relative_length_side_by_side():
-    scores = {(t, n): [1.0] * 4 for t in RULER_TASK_NAMES[:3] for n in (512, 1024)}
-    scores[(RULER_TASK_NAMES[0], 1024)] = [0.0] * 4  # suite 2/3 at 1024
+    scores = {(t, n): [1.0] * 4 for t in RULER_TASKS[:3] for n in (512, 1024)}
+    scores[(RULER_TASKS[0], 1024)] = [0.0] * 4  # suite 2/3 at 1024
     report = summarize(rows_for(scores), anchor=512)
     ruler, relative = report["effective_length"]["ruler"], report["effective_length"]["relative"]
-    assert ruler["length"] == 512 and ruler["tasks"] == list(RULER_TASK_NAMES[:3])
-    assert ruler["missing_tasks"] == list(RULER_TASK_NAMES[3:])  # the mean is over the tasks run
+    assert ruler["length"] == 512 and ruler["tasks"] == list(RULER_TASKS[:3])
+    assert ruler["missing_tasks"] == list(RULER_TASKS[3:])  # the mean is over the tasks run
     assert ruler["missing_at"] == {}
     short = [
-        r for r in rows_for(scores) if not (r["task"] == RULER_TASK_NAMES[2] and r["length"] == 512)
+        r for r in rows_for(scores) if not (r["task"] == RULER_TASKS[2] and r["length"] == 512)
     ]
-    assert summarize(short)["effective_length"]["ruler"]["missing_at"] == {
-        512: [RULER_TASK_NAMES[2]]
-    }
+    assert summarize(short)["effective_length"]["ruler"]["missing_at"] == {512: [RULER_TASKS[2]]}
     assert relative["anchor"] == 512 and relative["length"] == 512
     assert [r["score"] for r in report["suite"]] == [1.0, pytest.approx(2 / 3)]

@@ -19,7 +19,6 @@ from helpers import CACHE_DIR
 from longctx.data import ByteTokenizer
 from longctx.data.tokenizer import HFTokenizer
 from longctx.eval.ruler import (
-    RULER_TASK_NAMES,
     RulerInputError,
     make_instance,
     make_instances,
@@ -29,12 +28,13 @@ from longctx.eval.ruler import (
 from longctx.synthetic import haystacks, ruler
 from longctx.synthetic.layout import DEPTHS, grid_depth
 from longctx.synthetic.qa import load_qa_folder
+from longctx.synthetic.tasks import RULER_TASKS
 from longctx.synthetic.words import common_words, wordlist
 
 ROOT = Path(__file__).resolve().parents[2]
 QA = ROOT / "tests" / "fixtures" / "ruler_qa"
 BYTE = ByteTokenizer()
-NOT_QA = [t for t in RULER_TASK_NAMES if not t.startswith("qa")]
+NOT_QA = [t for t in RULER_TASKS if not t.startswith("qa")]
 
 # RULER's strings as reference/ruler-facts.md quotes them (NVIDIA/RULER constants.py, niah.py)
 FACTS = {
@@ -430,7 +430,7 @@ def test_the_suites_settings_refuse_qa_without_its_data_and_a_bad_folder(tmp_pat
 
     default = SuiteSettings(lengths=[1024])
     default.check(None, "--lengths")  # the defaults: qa is skipped and said later, not refused
-    assert default.tasks == list(RULER_TASK_NAMES)
+    assert default.tasks == list(RULER_TASKS)
     with pytest.raises(RulerInputError, match=r"^qa_1, qa_2 need --qa-data DIR"):
         SuiteSettings(tasks="niah_single_1,qa_1,qa_2").check(None, "--lengths")
     with pytest.raises(RulerInputError, match=r"^--qa-data holds neither squad.json"):

@@ -23,8 +23,6 @@ from longctx.eval.ruler.effective_length import (
 )
 from longctx.eval.ruler.generate import (
     DEFAULT_DEPTHS,
-    RULER_TASK_NAMES,
-    TASK_NAMES,
     Plan,
     chance,
     check_depth,
@@ -56,10 +54,8 @@ __all__ = [
     "RULER_THRESHOLD",
     "SCORING_MODES",
     "TEACHER_FORCED",
-    "TASK_NAMES",
     "Instance",
     "Plan",
-    "RULER_TASK_NAMES",
     "RelativeEffectiveLength",
     "RulerInputError",
     "answer_logits",

@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from longctx.eval.ruler.generate import RULER_TASK_NAMES, chance
+from longctx.eval.ruler.generate import chance
 from longctx.eval.ruler.instances import RulerInputError
 from longctx.eval.ruler.tables import suite_table
+from longctx.synthetic.tasks import RULER_TASKS
 
 FRACTION = 0.85
 MARGIN = 0.2
@@ -107,7 +108,7 @@ def relative_effective_length(
 
 def ruler_task_names(results: Sequence[dict]) -> list[str]:
     """The RULER tasks among the results (their mean is RULER's suite score)."""
-    return [t for t in RULER_TASK_NAMES if any(r["task"] == t for r in results)]
+    return [t for t in RULER_TASKS if any(r["task"] == t for r in results)]
 
 
 def suite_scores(results: Sequence[dict], tasks: Sequence[str]) -> dict[int, float]:
@@ -150,7 +151,7 @@ def effective_lengths(results: Sequence[dict], anchor: int | None = None) -> dic
     out: dict = {"ruler": None, "relative": None}
     if ruler_tasks:
         scores = suite_scores(results, ruler_tasks)
-        missing = [t for t in RULER_TASK_NAMES if t not in ruler_tasks]
+        missing = [t for t in RULER_TASKS if t not in ruler_tasks]
         out["ruler"] = {
             "length": ruler_effective_length(scores),
             "ci": list(bootstrap_effective_length(results, ruler_tasks, ruler_effective_length)),

@@ -19,12 +19,9 @@ from longctx.eval.ruler.instances import Instance, RulerInputError
 from longctx.synthetic import DoesNotFit, Encoder, RunsOut
 from longctx.synthetic.lc_formats import DIGITS
 from longctx.synthetic.qa import QAData, load_qa_folder
-from longctx.synthetic.tasks import RULER_TASKS, SUITE_TASKS, TASKS, Task, check_tasks, lay_out
+from longctx.synthetic.tasks import TASKS, Task, check_tasks, lay_out
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-# every task, in the order of the tables: RULER's 13, then the lc_ ones
-TASK_NAMES = SUITE_TASKS
-RULER_TASK_NAMES = RULER_TASKS
 NO_QA_DATA = "no --qa-data folder (RULER's SQuAD / HotpotQA JSON; nothing is downloaded)"
 
 
