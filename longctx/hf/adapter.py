@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.dtypes import dtype_named
-from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code, check_override_names
+from longctx.hf.folders import CONFIG_FILE, LOCAL_ONLY, check_no_remote_code, check_override_names
 from longctx.model.attention import (
     AttentionMetadata,
     attention,
@@ -296,8 +296,8 @@ def load_hf_config(path: str | Path, **config_overrides):
     from transformers import AutoConfig
 
     folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"model.path={str(path)!r} is not a folder with a config.json")
+    if not (folder / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"model.path={str(path)!r} is not a folder with a {CONFIG_FILE}")
     check_no_remote_code(folder)
     check_override_names(config_overrides)
     rope = {k: config_overrides.pop(k) for k in ROPE_OVERRIDES if k in config_overrides}

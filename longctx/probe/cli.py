@@ -120,7 +120,7 @@ def probe_run(cfg: DictConfig, args: argparse.Namespace) -> int:
     """Build the run as train.py does, probe it at its start, stop before its first step."""
     import lightning as L
 
-    from longctx.probe.callback import LeakProbe
+    from longctx.probe.callback import JSON_NAME, LeakProbe
     from longctx.probe.checks import check_probeable
     from longctx.probe.data import run_rows
     from longctx.train import console
@@ -136,7 +136,7 @@ def probe_run(cfg: DictConfig, args: argparse.Namespace) -> int:
     datamodule = build_datamodule(cfg, data_config, model_config, parallel)
     module = build_module(cfg, model_config, datamodule.eos_id, parallel)
     check_probeable(run_rows(datamodule, args.batches))  # before any other process starts
-    out = args.out or str(Path(cfg.paths.output_dir) / "probe.json")
+    out = args.out or str(Path(cfg.paths.output_dir) / JSON_NAME)
     callback = LeakProbe(args.checks, args.tolerances, args.batches, out, True, args.seed)
     trainer = probe_trainer(cfg, callback)
     trainer.fit(module, datamodule=datamodule)

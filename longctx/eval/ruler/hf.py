@@ -73,13 +73,13 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     from longctx.data.tokenizer import HFTokenizer
-    from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code, read_config_json
+    from longctx.hf.folders import CONFIG_FILE, LOCAL_ONLY, check_no_remote_code, read_config_json
     from longctx.train.init_from import check_finite_weights
 
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
+    if not (folder / CONFIG_FILE).is_file():
         raise RulerInputError(
-            f"--hf folder has no config.json ({folder}); expected a transformers model folder "
+            f"--hf folder has no {CONFIG_FILE} ({folder}); expected a transformers model folder "
             "(save_pretrained, or python -m longctx.hf.export)"
         )
     check_no_remote_code(folder)  # before transformers reads anything of it
