@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from longctx.distributed.cp_balance import plan_stats, rank_unit, row_owner
+from longctx.cp_balance import plan_stats, rank_unit, row_owner
 from longctx.planner.layout import RunLayout, layout_rows
 from longctx.planner.settings import PlanError
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from longctx.distributed.cp_balance import DEFAULT_BALANCE, check_balance
+from longctx.cp_balance import DEFAULT_BALANCE, check_balance
 from longctx.planner.settings import PRECISIONS, PlanError
 
 LENGTH_SAMPLE_ROWS = 128  # rows sampled from a stated length distribution (seeded)

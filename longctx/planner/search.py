@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from longctx.distributed.cp_balance import rank_unit
+from longctx.cp_balance import rank_unit
 from longctx.model.config import LlamaConfig
 from longctx.planner.capacity import CapacityPlan, plan_layout
 from longctx.planner.device import Device
