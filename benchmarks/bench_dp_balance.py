@@ -1,7 +1,7 @@
 """Data-parallel balance, predicted: Llama 3 8B on H100, the step's rows before and after
 longctx.distributed.dp_balance reorders them over (rank, micro-batch) slots.
 
-Per length mix, documents are packed into rows by the best_fit packer (longctx.data.packing.
+Per length mix, documents are packed into rows by the best_fit packer (benchmarks/packing_plans.py
 plan_rows, buffer 1000, seed 0; one stream, rows in the order it emits them). Step s of a
 configuration (R data-parallel ranks x M accumulation micro-batches x 1 row) trains rows
 [s * R * M, (s + 1) * R * M); unbalanced, in round m rank r takes the step's micro-batch
@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from packing_plans import plan_rows
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from longctx import planner
 from longctx.data.corpus import default_corpus_dir
-from longctx.data.packing import plan_rows
 from longctx.data.shards import ShardSet
 from longctx.distributed.dp_balance import (
     balance_step,

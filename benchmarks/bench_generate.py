@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 import torch
+from uncached_generate import recompute_generate
 
 from longctx.model import Llama, LlamaConfig
-from longctx.model.generate import greedy_generate, recompute_generate
+from longctx.model.generate import greedy_generate
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from packing_plans import plan_rows
 
-from longctx.data.packing import collate_rows, make_packer, plan_rows
+from longctx.data.packing import collate_rows, make_packer
 
 PACKERS = ("concat_chunk", "best_fit")
 SEQ_LENS = (8192, 131072)

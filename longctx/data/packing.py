@@ -435,29 +435,6 @@ def answers_only(row: PackedRow, answer_keys: tuple[int, int]) -> PackedRow:
     return dataclasses.replace(row, labels=labels)
 
 
-def plan_rows(
-    name: str, lengths: Sequence[int], seq_len: int, *, buffer_size: int = 1000, seed: int = 0
-) -> tuple[list[tuple[Piece, ...]], PackingStats]:
-    """Planning alone: the rows a packer would build for documents of these lengths.
-
-    Each row is a tuple of pieces ``(document index, start, length)``, a pad piece having
-    document index -1; no tokens are touched. For benchmarks and tests of the planners.
-    """
-    planner = make_packer(name, seq_len, buffer_size=buffer_size, seed=seed)._planner
-    plan: list[tuple[Piece, ...]] = []
-    for doc, length in enumerate(lengths):
-        planner.add(doc, length)
-        if planner.ready:
-            plan.extend(planner.ready)
-            planner.ready.clear()
-    planner.flush()
-    plan.extend(planner.ready)
-    stats = PackingStats()
-    for pieces in plan:
-        stats.record(pieces, lengths.__getitem__)
-    return plan, stats
-
-
 # --------------------------------------------------------------------------- collate
 def collate_rows(
     rows: Sequence[PackedRow], *, reset_position_ids: bool, document_mask: bool

@@ -287,5 +287,3 @@ class Llama(PackedCausalLM):
         self.config.check_seq_len(batch.row_len)
         device = self.tok_embeddings.weight.device
         check_batch(batch, device, self.config.vocab_size, self.config.max_seq_len)
-
-    # ------------------------------------------------------------------ HF interop

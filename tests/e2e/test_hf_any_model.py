@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from helpers import FAST, assert_close_scaled, compose, run_train
+from hf_features import from_features, to_hf_kwargs
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.hf.adapter import (
@@ -19,7 +20,6 @@ from longctx.hf.adapter import (
     load_hf_causal_lm,
     load_hf_config,
 )
-from longctx.hf.features import from_features, to_hf_kwargs
 
 VOCAB = 300  # covers the byte tokenizer's 259 ids
 SHAPE = dict(

@@ -4,14 +4,19 @@ positions), GQA, every RoPE scaling, and greedy generation itself."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
-from helpers import assert_close_scaled
+from helpers import ROOT, assert_close_scaled
 
 from longctx.batch import PackedBatch
 from longctx.model import Llama, LlamaConfig, RopeScaling
 from longctx.model.attention.cached import KVCache
-from longctx.model.generate import greedy_generate, greedy_generate_batch, recompute_generate
+from longctx.model.generate import greedy_generate, greedy_generate_batch
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from uncached_generate import recompute_generate  # noqa: E402  (benchmarks/, the no-cache reference)
 
 SMALL = dict(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, attn_backend="sdpa"

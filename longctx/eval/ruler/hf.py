@@ -150,12 +150,3 @@ def read_weights(folder: Path, dtype: str):
             "shapes (transformers would fill them with random values)"
         )
     return model
-
-
-@torch.no_grad()
-def hf_answer_logits(scorer: HFScorer, batch: PackedBatch) -> Tensor:
-    """The logits plain transformers computes, at the labelled positions (for tests)."""
-    logits = scorer.hf_model(
-        input_ids=batch.tokens, position_ids=batch.position_ids, use_cache=False
-    ).logits
-    return logits[batch.labels != -100]

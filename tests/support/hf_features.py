@@ -1,4 +1,5 @@
-"""PackedBatch <-> transformers: HF-style features in, a stock causal LM's forward kwargs out."""
+"""Test support: PackedBatch <-> transformers, HF-style features in, a stock causal LM's forward
+kwargs out (the references that longctx's own HF path and the leak probe are checked against)."""
 
 from __future__ import annotations
 
