@@ -110,6 +110,15 @@ def position_loss(model, datamodule, device: str) -> PositionLoss:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m longctx.eval", description=__doc__.split("\n")[0])
+    add_default_options(p)
+    add_suite_options(p)
+    args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def add_default_options(p: argparse.ArgumentParser) -> None:
+    """The checkpoint and the default evaluation: per-position loss, long documents, passkey."""
     p.add_argument("checkpoint", type=Path, nargs="?", help="a .ckpt inside a train.py run folder")
     p.add_argument(
         "--seq-len", type=int, default=None, help="validation row length (default: run's)"
@@ -141,6 +150,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--probe-batch-size", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-probe", action="store_true", help="skip the passkey probe")
+
+
+def add_suite_options(p: argparse.ArgumentParser) -> None:
+    """--suite ruler's options: what to score (a checkpoint or --hf folder), on which instances."""
     r = p.add_argument_group("the effective-length suite (--suite ruler)")
     r.add_argument(
         "--suite",
@@ -188,7 +201,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="also write every instance's text and answer (ruler_instances.jsonl)",
     )
-    args = p.parse_args(argv)
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A list option given with no values, and neither or both of CHECKPOINT and --hf, refused."""
     for option in ("lengths", "depths", "probe_lengths", "probe_depths"):
         if getattr(args, option) == []:  # given with no values: not the defaults
             flag = "--" + option.replace("_", "-")
@@ -200,7 +216,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("give a CHECKPOINT or --hf DIR")
     if args.hf is not None and args.checkpoint is not None:
         p.error(f"give a CHECKPOINT ({args.checkpoint}) or --hf DIR ({args.hf}), not both")
-    return args  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict:
