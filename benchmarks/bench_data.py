@@ -43,6 +43,7 @@ def bench_datamodule(folder: Path, seq_len: int, workers: int, packer: str, toke
         DataConfig(
             shards=[str(folder)],
             seq_len=seq_len,
+            micro_batch_size=1,
             packer=packer,
             num_workers=workers,
             num_streams=2,
@@ -71,7 +72,7 @@ def bench_datamodule(folder: Path, seq_len: int, workers: int, packer: str, toke
 
 def bench_resume(folder: Path, seq_len: int) -> dict:
     """Cost of resuming a stream mid-chunk (replays at most chunk_documents documents)."""
-    config = DataConfig(shards=[str(folder)], seq_len=seq_len, num_streams=1)
+    config = DataConfig(shards=[str(folder)], seq_len=seq_len, micro_batch_size=1, num_streams=1)
     dm = LongCtxDataModule(config)
     it = iter(dm.train_dataloader())
     for _ in range(200):

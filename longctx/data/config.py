@@ -160,7 +160,7 @@ class DataConfig:
     packer: str = "best_fit"  # "concat_chunk" | "best_fit"
     reset_position_ids: bool = True
     document_mask: bool = True  # False = one segment per row: the no-masking ablation
-    micro_batch_size: int = 1
+    micro_batch_size: int = 2  # rows per micro-batch
     seed: int = 0
     num_workers: int = 0
     pin_memory: bool = True  # effective only with CUDA

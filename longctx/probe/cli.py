@@ -92,10 +92,10 @@ def compose(overrides: list[str]) -> DictConfig:
 
     from longctx.train.cli import CONF_DIR
     from longctx.train.preflight import check_moved_overrides
-    from longctx.train.resolvers import register_resolvers, run_dir
+    from longctx.train.resolvers import register_with_hydra, run_dir
 
     check_moved_overrides(overrides)
-    register_resolvers()
+    register_with_hydra()
     keys = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     extra = [] if "task_name" in keys else ["task_name=probe"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -124,7 +124,7 @@ def probe_run(cfg: DictConfig, args: argparse.Namespace) -> int:
     from longctx.probe.checks import check_probeable
     from longctx.probe.data import run_rows
     from longctx.train import console
-    from longctx.train.app import build_datamodule, build_module
+    from longctx.train.app import build_datamodule, build_module, optim_config
     from longctx.train.preflight import instantiate_config, preflight
 
     console.quiet_lightning()  # what train.py silences (the srun hint, ...) the probe does too
@@ -132,9 +132,10 @@ def probe_run(cfg: DictConfig, args: argparse.Namespace) -> int:
     data_config = instantiate_config("data", cfg.data)
     parallel = instantiate_config("parallel", cfg.parallel)
     preflight(cfg, model_config, data_config, parallel)
+    optim = optim_config(cfg.optim)
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = build_datamodule(cfg, data_config, model_config, parallel)
-    module = build_module(cfg, model_config, datamodule.eos_id, parallel)
+    datamodule = build_datamodule(data_config, model_config, parallel, optim)
+    module = build_module(cfg, model_config, optim, datamodule.eos_id, parallel)
     check_probeable(run_rows(datamodule, args.batches))  # before any other process starts
     out = args.out or str(Path(cfg.paths.output_dir) / JSON_NAME)
     callback = LeakProbe(args.checks, args.tolerances, args.batches, out, True, args.seed)

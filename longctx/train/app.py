@@ -1,7 +1,19 @@
-"""A training run from a composed Hydra config: the only place a DictConfig is read.
+"""A training run from a composed Hydra config.
 
 ``train.py`` hands the composed config to :func:`main`: it is checked (before anything is
 allocated, prepared or written), typed objects are instantiated from it, and Lightning fits them.
+
+Only the app reads a DictConfig; the library below it takes typed configs (DataConfig, the model
+spec, ParallelConfig, OptimConfig, PlannerSettings). The app is this module and the modules it
+delegates to, each reading what no typed config holds:
+- longctx.train.preflight and longctx.train.options: the composed config as a whole (every number
+  finite and of its target's kind, moved keys, each callback's settings, the trainer's devices
+  and strategy), before anything is built;
+- longctx.train.dry_run: the trainer node (Lightning's keys), the planner group and
+  peak_flops_per_device, for the capacity plan;
+- longctx.train.loggers: the logger group, with the run's group and tags;
+- longctx.train.resolvers: the run folder Hydra resolves (hydra.run.dir), before the job starts;
+- longctx.probe.cli: the same config, composed for the leak probe, through this module's builders.
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ from longctx.train.cpu_memory import retain_freed_memory
 from longctx.train.dry_run import dry_run_report
 from longctx.train.loggers import make_loggers
 from longctx.train.nonfinite import NonFiniteStep
+from longctx.train.optim_config import OptimConfig
 from longctx.train.options import init_from_note
 from longctx.train.preflight import ConfigError, instantiate_config, preflight
 from longctx.train.process import teardown, writes_run_folder
@@ -91,14 +104,15 @@ def train(cfg: DictConfig, output_dir: Path, start: RunStart | None) -> dict:
     data_config = instantiate_config("data", cfg.data)
     parallel = instantiate_config("parallel", cfg.parallel)
     device = preflight(cfg, model_config, data_config, parallel)
+    optim = optim_config(cfg.optim)
     if cfg.dry_run:
-        return dry_run_report(model_config, cfg, parallel, device)
+        return dry_run_report(model_config, data_config, optim, parallel, cfg, device)
     identity = run_identity(model_config, data_config)
     if device.type == "cpu":
         retain_freed_memory()
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = build_datamodule(cfg, data_config, model_config, parallel)
-    module = build_module(cfg, model_config, datamodule.eos_id, parallel)
+    datamodule = build_datamodule(data_config, model_config, parallel, optim)
+    module = build_module(cfg, model_config, optim, datamodule.eos_id, parallel)
     # after every refusal the data and the model can raise: an overwrite deletes the previous
     # run only once this start is known to begin
     resume = start_point(cfg, output_dir, identity, start)
@@ -186,13 +200,30 @@ def build_trainer(cfg: DictConfig, output_dir: Path, record: RunRecord) -> L.Tra
         raise ConfigError(f"trainer: {err}") from err
 
 
-def build_datamodule(cfg: DictConfig, data_config, model_config, parallel):
+def optim_config(node: DictConfig) -> OptimConfig:
+    """The ``optim`` group typed: its optimizer and schedule instantiated (Hydra partials),
+    every other key an OptimConfig field; a value it refuses is a ConfigError."""
+    factories = {
+        name: instantiate_config(f"optim.{name}", node[name])
+        for name in ("optimizer", "scheduler")
+        if node.get(name) is not None
+    }
+    settings = OmegaConf.to_container(node, resolve=True)
+    try:
+        return OptimConfig.from_settings(
+            {k: v for k, v in settings.items() if k not in factories}, **factories
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+def build_datamodule(data_config, model_config, parallel, optim: OptimConfig):
     from longctx.data import LongCtxDataModule
 
     datamodule = LongCtxDataModule(
         data_config,
         context_parallel=parallel.context_parallel,
-        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+        accumulate_grad_batches=optim.accumulate_grad_batches,
     )
     datamodule.prepare_data()
     try:
@@ -202,24 +233,18 @@ def build_datamodule(cfg: DictConfig, data_config, model_config, parallel):
     return datamodule
 
 
-def build_module(cfg: DictConfig, model_config, eos_id: int, parallel):
+def build_module(cfg: DictConfig, model_config, optim: OptimConfig, eos_id: int, parallel):
     from longctx.train.module import LongCtxModule
 
     return LongCtxModule(
         model_config,
-        optimizer=instantiate(cfg.optim.optimizer),
-        scheduler=instantiate(cfg.optim.scheduler),
-        weight_decay=cfg.optim.weight_decay,
-        grad_clip=cfg.optim.grad_clip,
-        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
+        optim,
         compile=cfg.compile,
         peak_flops_per_device=cfg.get("peak_flops_per_device"),
         eos_id=eos_id,
         context_parallel=parallel.context_parallel,
         context_parallel_rounds=parallel.context_parallel_rounds,
         context_parallel_balance=parallel.context_parallel_balance,
-        allow_global_batch_change=cfg.optim.allow_global_batch_change,
-        skip_nonfinite=cfg.optim.get("skip_nonfinite", 0),
     )
 
 

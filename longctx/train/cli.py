@@ -14,7 +14,7 @@ import hydra
 from longctx.cli import exit_on_user_error
 from longctx.train.app import main
 from longctx.train.preflight import ConfigError, check_moved_overrides
-from longctx.train.resolvers import register_resolvers
+from longctx.train.resolvers import register_with_hydra
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -24,7 +24,7 @@ def train_cli() -> None:
         check_moved_overrides(sys.argv[1:])
     except ConfigError as err:
         exit_on_user_error(err)
-    register_resolvers()
+    register_with_hydra()
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")(main)()
 
 

@@ -8,37 +8,40 @@ import torch
 from omegaconf import DictConfig
 
 from longctx import planner
+from longctx.data import DataConfig
 from longctx.data.tokenizer import TOKENIZER_IDS
 from longctx.distributed.layout import ParallelConfig
 from longctx.model.attention import resolve_backend
 from longctx.model.interface import ModelSpec
+from longctx.train.optim_config import OptimConfig
 from longctx.train.options import check_planner
 from longctx.train.preflight import ConfigError, available_memory_bytes, sharded_strategy
 
-# trainer.precision -> the planner's precision (one of longctx.planner.settings.PRECISIONS)
-TRAINER_PRECISIONS = {
-    "32-true": "fp32",
-    "32": "fp32",
-    "bf16-mixed": "bf16-mixed",
-    "bf16-true": "bf16",
-}
+PRECISIONS = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16"}
 
 
 def dry_run_report(
-    model_config: ModelSpec, cfg: DictConfig, parallel: ParallelConfig, device: torch.device
+    model_config: ModelSpec,
+    data_config: DataConfig,
+    optim: OptimConfig,
+    parallel: ParallelConfig,
+    cfg: DictConfig,
+    device: torch.device,
 ) -> dict:
+    """``cfg``: the composed config, for what no typed config holds: the trainer (Lightning's
+    keys), the planner group and peak_flops_per_device."""
     params = model_config.num_params()
     report = {
         "parameters": params,
         "training_memory_gib_per_device": planner.training_state_bytes(params) / 2**30,
         "model": asdict(model_config),
-        "seq_len": cfg.data.seq_len,
+        "seq_len": data_config.seq_len,
     }
     print(
         f"dry run: {params:,} parameters, about {report['training_memory_gib_per_device']:,.1f} "
         f"GiB for weights, gradients and AdamW state; nothing allocated"
     )
-    print(vocabulary_line(model_config.vocab_size, cfg.data.get("tokenizer")))
+    print(vocabulary_line(model_config.vocab_size, data_config.tokenizer))
     if not model_config.plans_capacity:
         print("capacity plan: covers longctx's Llama (model=tiny/llama3_*) only")
         return report
@@ -48,7 +51,9 @@ def dry_run_report(
     try:
         capacity = planner.plan(
             model_config,
-            planner_layout(cfg, settings, model_config, parallel, device),
+            planner_layout(
+                cfg.trainer, settings, model_config, data_config, optim, parallel, device
+            ),
             planner_device(cfg, settings, device),
             mfu=settings.mfu,
         )
@@ -72,30 +77,32 @@ def vocabulary_line(vocab_size: int, tokenizer: str | None) -> str:
 
 
 def planner_layout(
-    cfg: DictConfig,
+    trainer_cfg: DictConfig,
     settings: planner.PlannerSettings,
     model_config: ModelSpec,
+    data_config: DataConfig,
+    optim: OptimConfig,
     parallel: ParallelConfig,
     device: torch.device,
 ) -> planner.RunLayout:
     """The run's layout as the planner sees it (one document per row, the worst case, unless
     planner.doc_length_median states a distribution)."""
-    fsdp = sharded_strategy(cfg.trainer)
-    devices = cfg.trainer.get("devices", 1)
+    fsdp = sharded_strategy(trainer_cfg)
+    devices = trainer_cfg.get("devices", 1)
     return planner.RunLayout(
-        seq_len=cfg.data.seq_len,
-        micro_batch_size=cfg.data.micro_batch_size,
-        num_nodes=int(cfg.trainer.get("num_nodes", 1)),
+        seq_len=data_config.seq_len,
+        micro_batch_size=data_config.micro_batch_size,
+        num_nodes=int(trainer_cfg.get("num_nodes", 1)),
         devices=devices if isinstance(devices, int) else 1,
         context_parallel=parallel.context_parallel,
         context_parallel_rounds=parallel.context_parallel_rounds,
         context_parallel_balance=parallel.context_parallel_balance,
         fsdp=fsdp,
-        precision=planner_precision(cfg.trainer, fsdp, device),
+        precision=planner_precision(trainer_cfg, fsdp, device),
         activation_checkpointing=model_config.activation_checkpointing,
         attn_backend=resolve_backend(model_config.attn_backend, device),
-        accumulate_grad_batches=cfg.optim.accumulate_grad_batches,
-        max_steps=cfg.trainer.max_steps,
+        accumulate_grad_batches=optim.accumulate_grad_batches,
+        max_steps=trainer_cfg.max_steps,
         doc_length_lognormal=doc_length_distribution(settings),
     )
 
@@ -113,11 +120,11 @@ def planner_precision(trainer_cfg: DictConfig, fsdp: bool, device: torch.device)
         bf16 = name == "bfloat16" or (name == "auto" and device.type == "cuda")
         return "bf16" if bf16 else "fp32"
     precision = str(trainer_cfg.get("precision", "32-true"))
-    if precision not in TRAINER_PRECISIONS:
+    if precision not in PRECISIONS:
         raise ConfigError(
-            f"trainer.precision={precision}: the capacity plan knows {sorted(TRAINER_PRECISIONS)}"
+            f"trainer.precision={precision}: the capacity plan knows {sorted(PRECISIONS)}"
         )
-    return TRAINER_PRECISIONS[precision]
+    return PRECISIONS[precision]
 
 
 def planner_device(

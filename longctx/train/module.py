@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable
 
 import lightning as L
 import torch
@@ -21,19 +20,20 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
-from longctx.context_shard import ContextShard, context_shard, gather_row
-from longctx.cp_balance import DEFAULT_BALANCE, PlanStats, context_parallel_metrics
 from longctx.data.streams import StreamBatch
-from longctx.distributed.context_parallel import all_gather_over, context_parallel_group
+from longctx.distributed.context_parallel import (
+    ContextShard,
+    context_parallel_group,
+    context_shard,
+    gather_row,
+)
+from longctx.distributed.cp_balance import DEFAULT_BALANCE, PlanStats, context_parallel_metrics
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
 from longctx.model.interface import ModelSpec, PackedCausalLM
-from longctx.model.validation import require_number
 from longctx.train.nonfinite import NonFiniteGuard
+from longctx.train.optim_config import OptimConfig
 from longctx.train.step_axis import STEP_KEY, log_at_step, validate_at_optimizer_steps
-
-OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
-SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
@@ -47,24 +47,14 @@ def build_model(spec: ModelSpec) -> nn.Module:
     return model
 
 
-def check_optim_settings(weight_decay: float, grad_clip: float | None) -> None:
-    """optim.weight_decay and optim.grad_clip (None or 0: no clipping): finite, not negative."""
-    require_number("optim.weight_decay", weight_decay)
-    if weight_decay < 0:
-        raise ValueError(f"optim.weight_decay={weight_decay}; expected >= 0")
-    if grad_clip is not None:
-        require_number("optim.grad_clip", grad_clip)
-        if grad_clip < 0:
-            raise ValueError(f"optim.grad_clip={grad_clip}; expected >= 0 (0 or null: no clip)")
-
-
 def warmup_cosine_schedule(
     optimizer: torch.optim.Optimizer,
     total_steps: int,
-    warmup_steps: int = 100,
-    min_lr_ratio: float = 0.1,
+    warmup_steps: int,
+    min_lr_ratio: float,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up from 0 to the peak lr, then cosine decay to min_lr_ratio * peak."""
+    """Linear warm-up from 0 to the peak lr, then cosine decay to min_lr_ratio * peak (the
+    settings: conf/optim/, their one source)."""
     if total_steps < 1 or warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:  # NaN: refused
         raise ValueError(
             f"schedule needs total_steps >= 1, warmup_steps >= 0, 0 <= min_lr_ratio <= 1; got "
@@ -123,29 +113,18 @@ class LongCtxModule(L.LightningModule):
     def __init__(
         self,
         model_config: ModelSpec,
-        optimizer: OptimizerFactory,
-        scheduler: SchedulerFactory | None = None,
+        optim: OptimConfig,
         *,
-        weight_decay: float = 0.1,
-        grad_clip: float | None = 1.0,
-        accumulate_grad_batches: int = 1,
         compile: bool = False,
         peak_flops_per_device: float | None = None,
         eos_id: int | None = None,
         context_parallel: int = 1,
         context_parallel_rounds: int = 1,
         context_parallel_balance: str = DEFAULT_BALANCE,
-        allow_global_batch_change: bool = False,
-        skip_nonfinite: int = 0,
     ) -> None:
-        """allow_global_batch_change: a resume on a data-parallel size that cannot keep the
-        checkpoint's global batch goes on with the nearest one instead of stopping.
-        skip_nonfinite: steps with a non-finite loss or gradient norm a run may skip (in
-        total) before it stops (longctx.train.nonfinite)."""
+        """``optim``: the optimizer, schedule and step settings (conf/optim/, checked by
+        OptimConfig)."""
         super().__init__()
-        if accumulate_grad_batches < 1:
-            raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
-        check_optim_settings(weight_decay, grad_clip)
         if context_parallel != 1 and not model_config.supports_context_parallel:
             raise ValueError(
                 f"context_parallel={context_parallel}: {type(model_config).__name__}'s model "
@@ -154,17 +133,18 @@ class LongCtxModule(L.LightningModule):
         self.automatic_optimization = False
         self.model_config = model_config
         self.model = build_model(model_config)
-        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
-        self.weight_decay, self.grad_clip = weight_decay, grad_clip
-        self.accumulate_grad_batches = accumulate_grad_batches
+        self.optimizer_factory, self.scheduler_factory = optim.optimizer, optim.scheduler
+        self.weight_decay, self.grad_clip = optim.weight_decay, optim.grad_clip
+        # a resume may choose another to keep the global batch (_keep_resumed_global_batch)
+        self.accumulate_grad_batches = optim.accumulate_grad_batches
         self.compile, self.peak_flops_per_device = compile, peak_flops_per_device
         self.eos_id = eos_id
         self.context_parallel = context_parallel
         self.context_parallel_rounds = context_parallel_rounds
         self.context_parallel_balance = context_parallel_balance
         self.cp_group = None  # set in setup() once the process group exists
-        self.allow_global_batch_change = allow_global_batch_change
-        self.nonfinite = NonFiniteGuard(skip_nonfinite)
+        self.allow_global_batch_change = optim.allow_global_batch_change
+        self.nonfinite = NonFiniteGuard(optim.skip_nonfinite)
         self.tokens_seen = 0
         self._micro_batch_rows: int | None = None  # seen in training; part of the global batch
         self._resumed_global_batch: GlobalBatch | None = None  # to keep, from a checkpoint
@@ -202,7 +182,7 @@ class LongCtxModule(L.LightningModule):
             batch,
             rank,
             self.context_parallel,
-            all_gather_over(self.cp_group),
+            self.cp_group,
             balance=self.context_parallel_balance,
             rounds=self.context_parallel_rounds,
         )

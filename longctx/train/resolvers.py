@@ -1,4 +1,6 @@
-"""The OmegaConf resolvers conf/ uses (registered by train.py before Hydra composes)."""
+"""What conf/ needs registered before Hydra composes (train.py, the probe's CLI, the tests'
+compose call :func:`register_with_hydra`): the OmegaConf resolvers it uses and the typed
+configs' default nodes (longctx.train.typed_defaults)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from longctx.runs.folder import (
     note_before_hydra,
     sweep_subdir,
 )
+from longctx.train import typed_defaults
 from longctx.train.preflight import ConfigError
 
 
@@ -89,7 +92,8 @@ def required_value(key: str, hint: str = "") -> None:
     raise ConfigError(f"{key} is not set. {hint}".strip())
 
 
-def register_resolvers() -> None:
+def register_with_hydra() -> None:
+    typed_defaults.register()
     if not OmegaConf.has_resolver("longctx_required"):
         OmegaConf.register_new_resolver("longctx_required", required_value)
     if not OmegaConf.has_resolver("longctx_run_dir"):

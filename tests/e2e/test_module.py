@@ -105,7 +105,7 @@ def test_warmup_cosine_schedule():
     assert lrs[60] == pytest.approx(0.1 + 0.9 * 0.5, rel=1e-6)  # half-way down the cosine
     assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
     with pytest.raises(ValueError, match="warmup_steps"):
-        warmup_cosine_schedule(opt, total_steps=10, warmup_steps=-1)
+        warmup_cosine_schedule(opt, total_steps=10, warmup_steps=-1, min_lr_ratio=0.1)
 
 
 def test_compile_trains_like_eager_without_recompiling_for_new_layouts():

@@ -439,9 +439,9 @@ def test_launcher_config_composes(tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from longctx.train.resolvers import register_resolvers
+    from longctx.train.resolvers import register_with_hydra
 
-    register_resolvers()
+    register_with_hydra()
     overrides = ["hydra/launcher=slurm", "trainer=ddp", "trainer.num_nodes=1", "trainer.devices=8"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=overrides, return_hydra_config=True)

@@ -81,15 +81,12 @@ def test_instantiate_each_model_preset(preset, tmp_path):
 
 def test_instantiate_datamodule_and_module(tmp_path):
     from longctx.data import LongCtxDataModule
+    from longctx.train.app import optim_config
     from longctx.train.module import LongCtxModule
 
     cfg = compose(FAST, output_dir=tmp_path)
     datamodule = LongCtxDataModule(instantiate(cfg.data))
-    module = LongCtxModule(
-        instantiate(cfg.model),
-        optimizer=instantiate(cfg.optim.optimizer),
-        scheduler=instantiate(cfg.optim.scheduler),
-    )
+    module = LongCtxModule(instantiate(cfg.model), optim_config(cfg.optim))
     assert datamodule.config.seq_len == 256
     assert module.model.config.dim == 256
 

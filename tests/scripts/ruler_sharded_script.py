@@ -29,6 +29,7 @@ from longctx.eval.ruler.instances import Instance
 from longctx.eval.ruler.scoring import score_instances
 from longctx.model import LlamaConfig
 from longctx.train.module import LongCtxModule
+from longctx.train.optim_config import OptimConfig
 
 TOK = ByteTokenizer()
 WORLD = 2
@@ -62,7 +63,7 @@ def module(context_parallel: int) -> LongCtxModule:
         attn_backend="sdpa", init_std=0.15,
     )  # fmt: skip
     pl = LongCtxModule(
-        config, optimizer=partial(torch.optim.SGD, lr=0.1), context_parallel=context_parallel
+        config, OptimConfig(partial(torch.optim.SGD, lr=0.1)), context_parallel=context_parallel
     )
     if context_parallel > 1:
         pl.cp_group = context_parallel_group(context_parallel)

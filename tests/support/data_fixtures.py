@@ -31,6 +31,8 @@ def take(dm: LongCtxDataModule, n: int) -> list:
 
 
 def module(folder, **overrides) -> LongCtxDataModule:
-    dm = LongCtxDataModule(DataConfig(shards=[str(folder)], **overrides))
+    """One row per micro-batch unless ``overrides`` says otherwise (what the counts of the tests
+    that use it are written for)."""
+    dm = LongCtxDataModule(DataConfig(shards=[str(folder)], **{"micro_batch_size": 1, **overrides}))
     dm.setup("fit")
     return dm

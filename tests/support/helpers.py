@@ -30,9 +30,9 @@ def compose(overrides: list[str], output_dir: Path | None = None):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from longctx.train.resolvers import register_resolvers
+    from longctx.train.resolvers import register_with_hydra
 
-    register_resolvers()
+    register_with_hydra()
     extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else []
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return hydra_compose("train", overrides=overrides + extra)

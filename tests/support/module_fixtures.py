@@ -10,6 +10,7 @@ import torch
 from longctx import PackedBatch
 from longctx.model import LlamaConfig
 from longctx.train.module import LongCtxModule
+from longctx.train.optim_config import OptimConfig
 
 # the small model of the tests: every test that needs another shape overrides fields of this one
 SMALL = dict(
@@ -35,10 +36,9 @@ def small_module(
     # direction, so it would hide a wrong loss normalisation
     return LongCtxModule(
         config,
-        optimizer=partial(torch.optim.SGD, lr=lr),
-        scheduler=None,
-        grad_clip=None,
-        accumulate_grad_batches=accumulate,
+        OptimConfig(
+            partial(torch.optim.SGD, lr=lr), grad_clip=None, accumulate_grad_batches=accumulate
+        ),
         compile=compile,
     )
 

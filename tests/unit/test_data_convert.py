@@ -293,7 +293,11 @@ def test_converted_folder_trains_with_document_boundaries(tmp_path):
     write_megatron(tmp_path / "c", [[d] for d in DOCS if len(d)])
     convert(tmp_path / "c", tmp_path / "out", VOCAB, val_fraction=0.2)
     config = DataConfig(
-        shards=[str(tmp_path / "out")], seq_len=64, packer="concat_chunk", val_rows=1
+        shards=[str(tmp_path / "out")],
+        seq_len=64,
+        micro_batch_size=1,
+        packer="concat_chunk",
+        val_rows=1,
     )
     dm = LongCtxDataModule(config)
     dm.prepare_data()

@@ -113,6 +113,7 @@ def test_streams_cover_an_epoch_disjointly_and_completely(tmp_path, streams):
     config = DataConfig(
         shards=[str(folder)],
         seq_len=64,
+        micro_batch_size=1,
         buffer_size=share // 2,
         chunk_documents=share,
         num_streams=streams,
@@ -146,7 +147,12 @@ def test_a_row_stream_resumes_from_any_cursor(tmp_path, packer, seq_len):
     rows that followed row k, across chunk boundaries too."""
     folder = small_corpus(tmp_path, 48)
     config = DataConfig(
-        shards=[str(folder)], seq_len=seq_len, packer=packer, buffer_size=2, chunk_documents=4
+        shards=[str(folder)],
+        seq_len=seq_len,
+        micro_batch_size=1,
+        packer=packer,
+        buffer_size=2,
+        chunk_documents=4,
     )
     docs = DocumentStream([ShardSet(folder)], np.ones(1), 0, 0, 1, config.chunk_documents)
     pad_id = ShardSet(folder).manifest.pad_id
@@ -275,7 +281,7 @@ def test_resume_refuses_a_state_from_before_elastic_resume(tmp_path):
 
 def test_shared_streams_are_named_with_the_fix(tmp_path):
     folder = small_corpus(tmp_path, 48)
-    config = DataConfig(shards=[str(folder)], seq_len=64, num_streams=2)
+    config = DataConfig(shards=[str(folder)], seq_len=64, micro_batch_size=1, num_streams=2)
     with pytest.warns(UserWarning, match="num_streams=2 is not a multiple of .* 4 x 1.*2x"):
         LongCtxDataModule(config, rank=0, world_size=4).train_dataset()
 
@@ -304,6 +310,7 @@ def test_lightning_resume_with_estimated_stepping_batches(tmp_path):
             DataConfig(
                 shards=[str(folder)],
                 seq_len=512,
+                micro_batch_size=1,
                 buffer_size=5,
                 chunk_documents=20,
                 num_streams=2,
@@ -336,7 +343,13 @@ def test_lightning_resume_with_estimated_stepping_batches(tmp_path):
 def test_long_document_is_split_not_dropped(tmp_path):
     folder = small_corpus(tmp_path, 24, long_doc=300)
     dm = LongCtxDataModule(
-        DataConfig(shards=[str(folder)], seq_len=64, buffer_size=24, chunk_documents=24)
+        DataConfig(
+            shards=[str(folder)],
+            seq_len=64,
+            micro_batch_size=1,
+            buffer_size=24,
+            chunk_documents=24,
+        )
     )
     rows = RowStream(dm.train_dataset().open_stream(0).rows.docs, dm.config, dm.pad_id)
     tokens = Counter()
@@ -359,7 +372,7 @@ def test_bad_configuration_fails_before_training(tmp_path):
         module(folder, seq_len=100_000).train_dataloader()
     with pytest.raises(ValueError, match="fewer than the 64 streams"):
         LongCtxDataModule(
-            DataConfig(shards=[str(folder)], seq_len=8, num_streams=64)
+            DataConfig(shards=[str(folder)], seq_len=8, micro_batch_size=1, num_streams=64)
         ).train_dataloader()
     with pytest.raises(ValueError, match="shards=\\[\\]"):
         LongCtxDataModule(DataConfig(shards=[])).setup("fit")

@@ -94,7 +94,9 @@ def test_a_folder_whose_manifest_disagrees_with_its_name_is_refused(tmp_path):
 
 
 def test_the_datamodule_reads_a_mix_named_by_its_settings(tmp_path, capsys):
-    config = DataConfig(shards=[SMALL], seq_len=128, cache_dir=str(tmp_path / "cache"))
+    config = DataConfig(
+        shards=[SMALL], seq_len=128, micro_batch_size=1, cache_dir=str(tmp_path / "cache")
+    )
     dm = LongCtxDataModule(config)
     dm.prepare_data()
     assert "synthesized 8 documents" in capsys.readouterr().out
