@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
+from longctx.distributed.sharded import load_sharded
 from longctx.dtypes import dtype_named
 
 # loss / token_loss: training and validation; labelled_logits: teacher-forced scoring; prefill /
@@ -155,16 +156,15 @@ class FSDP2Strategy(ModelParallelStrategy):
 def load_training_state(folder: Path, module: nn.Module, optimizers, strict: bool) -> dict:
     """What Lightning's ModelParallelStrategy.load_checkpoint does for a sharded folder, with the
     folder read as data: torch's reader would unpickle its index, and its planner load non-tensor
-    items (optimizer param_groups), with plain pickle (longctx.runs.sharded). The module's and
-    optimizers' states are loaded in place; the rest (meta.pt, weights-only) is returned."""
+    items (optimizer param_groups), with plain pickle (longctx.distributed.sharded). The
+    module's and optimizers' states are loaded in place; the rest (meta.pt, weights-only) is
+    returned."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
         get_optimizer_state_dict,
         set_optimizer_state_dict,
     )
-
-    from longctx.runs.sharded import load_sharded
 
     model_state = {"state_dict": get_model_state_dict(module)}  # the keys Lightning saves
     load_sharded(model_state, folder)

@@ -76,7 +76,7 @@ def checkpoint_weights(stored) -> dict[str, torch.Tensor]:
     """The trained model's weights: memory-mapped from a .ckpt file, or read (as data) from
     a sharded checkpoint folder."""
     if stored.checkpoint.is_dir():
-        from longctx.runs.sharded import read_sharded_tensors
+        from longctx.distributed.sharded import read_sharded_tensors
 
         return model_state_dict(read_sharded_tensors(stored.checkpoint, "state_dict."),
                                 stored.checkpoint)  # fmt: skip

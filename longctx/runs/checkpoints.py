@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from longctx.distributed.sharded import UnreadableShardedCheckpoint, read_dcp_metadata
 from longctx.io import atomic_file
 from longctx.runs.folder import checkpoint_dir, last_checkpoint
-from longctx.runs.sharded import UnreadableShardedCheckpoint, read_dcp_metadata
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
@@ -59,7 +59,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     """A checkpoint's contents, memory-mapped (tensors are not read) and weights-only: a
     checkpoint is data, and a crafted pickle in one must never run code. A sharded (FSDP)
     checkpoint folder gives its ``meta.pt``: everything but the tensors; its index is checked
-    to be plain distributed-checkpoint metadata first (longctx.runs.sharded)."""
+    to be plain distributed-checkpoint metadata first (longctx.distributed.sharded)."""
     path = Path(path)
     if path.is_dir():
         try:

@@ -26,11 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from longctx.hf.checkpoint import _check_supported, config_from_hf, to_hf_name
-from longctx.hf.folders import CONFIG_FILE
-from longctx.model.config import LlamaConfig
-from longctx.runs.folder import is_run_folder, last_checkpoint
-from longctx.runs.sharded import (
+from longctx.distributed.sharded import (
     METADATA_FILE,
     SafeLoadPlanner,
     UnreadableShardedCheckpoint,
@@ -38,6 +34,10 @@ from longctx.runs.sharded import (
     load_sharded,
     read_dcp_metadata,
 )
+from longctx.hf.checkpoint import _check_supported, config_from_hf, to_hf_name
+from longctx.hf.folders import CONFIG_FILE
+from longctx.model.config import LlamaConfig
+from longctx.runs.folder import is_run_folder, last_checkpoint
 
 # fields that fix the tensors' shapes or the function the weights compute
 ARCHITECTURE_FIELDS = (

@@ -17,17 +17,17 @@ from export_helpers import make_run
 from helpers import CACHE_DIR, FAST, SCRIPTS, compose
 
 from longctx.distributed.fsdp import load_training_state
-from longctx.eval import cli as eval_cli
-from longctx.hf.export import export
-from longctx.hf.verify import verify
-from longctx.runs.checkpoints import AtomicCheckpointIO, resolve_ckpt_path
-from longctx.runs.sharded import (
+from longctx.distributed.sharded import (
     ALLOWED_GLOBALS,
     METADATA_FILE,
     UnsafeShardedCheckpoint,
     load_sharded,
     read_dcp_metadata,
 )
+from longctx.eval import cli as eval_cli
+from longctx.hf.export import export
+from longctx.hf.verify import verify
+from longctx.runs.checkpoints import AtomicCheckpointIO, resolve_ckpt_path
 from longctx.train.app import run
 from longctx.train.init_from import InitFromError, resolve
 
@@ -359,7 +359,7 @@ def test_an_export_record_without_its_fields_is_one_line(tmp_path, record):
 def test_an_index_that_claims_more_than_the_folder_holds_allocates_nothing(tmp_path):
     """eval reads a sharded checkpoint's tensors at the shapes its index states: a 4 TB claim in
     a 2 kB folder is refused before anything is allocated."""
-    from longctx.runs.sharded import read_sharded_tensors
+    from longctx.distributed.sharded import read_sharded_tensors
 
     folder = tmp_path / "ckpt"
     dcp.save({"state_dict": {"model.w": torch.randn(4, 3)}}, checkpoint_id=folder)
