@@ -19,6 +19,8 @@ from omegaconf import OmegaConf
 
 from longctx.model import LlamaConfig
 from longctx.train import typed_defaults
+from longctx.train.app import optim_config
+from longctx.train.preflight import ConfigError
 
 CONF = ROOT / "conf"
 
@@ -184,3 +186,27 @@ def test_a_planted_disagreement_is_named():
     problems = setting_problems("data/default.yaml", "longctx.data.DataConfig",
                                 "data.micro_batch_size", "micro_batch_size", 7)  # fmt: skip
     assert problems and "disagrees with longctx.data.DataConfig's default 2" in problems[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.weight_decay=-0.1", "optim.weight_decay=-0.1; expected a finite number >= 0"),
+        ("optim.grad_clip=-1", "optim.grad_clip=-1; expected a finite number >= 0"),
+        ("optim.accumulate_grad_batches=0", "optim.accumulate_grad_batches=0; expected a whole"),
+        ("optim.skip_nonfinite=-1", "optim.skip_nonfinite=-1; expected a whole number >= 0"),
+        ("optim.allow_global_batch_change=1", "optim.allow_global_batch_change=1; expected true"),
+        ("optim.optimizer.lr=-1e-3", "optim.optimizer.lr=-0.001; expected a finite number >= 0"),
+        ("+optim.warmup=5", "optim.warmup: unknown optim setting ['warmup']"),
+    ],
+)
+def test_optim_is_typed_and_refuses_a_bad_setting_by_name(override, message):
+    with pytest.raises(ConfigError) as refused:
+        optim_config(compose([override]).optim)
+    assert message in str(refused.value)
+
+
+def test_optim_config_holds_the_groups_settings():
+    optim = optim_config(compose(["optim.grad_clip=0.5", "optim.optimizer.lr=1e-3"]).optim)
+    assert (optim.grad_clip, optim.weight_decay, optim.accumulate_grad_batches) == (0.5, 0.1, 1)
+    assert optim.optimizer.keywords["lr"] == 1e-3 and optim.scheduler.keywords["warmup_steps"] == 20
