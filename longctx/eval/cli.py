@@ -87,7 +87,7 @@ def load_model(stored, model_config, device: str):
     """The run's model (longctx's Llama or a model=hf one) built from its record's config,
     holding the checkpoint's weights; a record that does not fit them is refused first, and
     weights with a NaN or inf after."""
-    from longctx.train.init_from import check_finite_weights
+    from longctx.hf.weight_source import check_finite_weights
 
     try:
         model = model_config.build_from(checkpoint_weights(stored))

@@ -54,7 +54,7 @@ def to_hf_name(name: str) -> str:
 def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
     """LlamaConfig from a parsed HF config.json; ``overrides`` are LlamaConfig fields
     (:meth:`LlamaConfig.from_fields`)."""
-    _check_supported(hf)
+    check_supported(hf)
     theta, scaling = _rope_from_hf(hf)
     fields = dict(
         vocab_size=hf["vocab_size"],
@@ -72,7 +72,9 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
     return LlamaConfig.from_fields(fields, **overrides)
 
 
-def _check_supported(hf: dict[str, Any]) -> None:
+def check_supported(hf: dict[str, Any]) -> None:
+    """Refuse an HF config that is not a Llama longctx's model can hold (another model type,
+    activation, biases, a head_dim of its own), naming every difference."""
     problems = []
     if hf.get("model_type", "llama") != "llama":
         problems.append(f"model_type={hf.get('model_type')!r} (expected 'llama')")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from longctx.hf.weight_source import InitFromError, WeightSource, check_finite_weights, resolve
 from longctx.model import Llama, LlamaConfig
 from longctx.runs.record import StoredRun
-from longctx.train.init_from import InitFromError, WeightSource, check_finite_weights, resolve
 
 EXPORT_RECORD = "longctx_export.json"  # written into every export: where it came from
 

@@ -32,7 +32,7 @@ class LlamaConfig:
     loss_chunk_size: int = 4096  # tokens per chunk of the chunked cross-entropy
     init_std: float = 0.02
     # weights to start from (a new stage: fresh optimizer, schedule and data position): a
-    # transformers folder, or a longctx checkpoint / run folder (longctx.train.init_from)
+    # transformers folder, or a longctx checkpoint / run folder (longctx.hf.weight_source)
     init_from: str | None = None
 
     def __post_init__(self) -> None:

@@ -200,7 +200,7 @@ def check_init_from(model_config: ModelSpec) -> None:
     """model.init_from names weights of this model's shapes (read later, by each rank)."""
     if not model_config.init_from:
         return
-    from longctx.train.init_from import resolve
+    from longctx.hf.weight_source import resolve
 
     try:
         source = resolve(model_config.init_from)

@@ -51,7 +51,7 @@ def count_reads() -> dict:
     """Count the elements init_from reads from safetensors (by wrapping its reader)."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
-    import longctx.train.init_from as init_from
+    import longctx.hf.weight_source as weight_source
 
     read = {"elements": 0}
 
@@ -60,7 +60,7 @@ def count_reads() -> dict:
             read["elements"] += math.prod(req.lengths)
             super()._process_read_request(f, req, planner)
 
-    init_from._hf_reader = lambda path: Counting(str(path))
+    weight_source._hf_reader = lambda path: Counting(str(path))
     return read
 
 

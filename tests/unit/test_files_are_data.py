@@ -27,9 +27,9 @@ from longctx.distributed.sharded import (
 from longctx.eval import cli as eval_cli
 from longctx.hf.export import export
 from longctx.hf.verify import verify
+from longctx.hf.weight_source import InitFromError, resolve
 from longctx.runs.checkpoints import AtomicCheckpointIO, resolve_ckpt_path
 from longctx.train.app import run
-from longctx.train.init_from import InitFromError, resolve
 
 
 class _WritesMarker:

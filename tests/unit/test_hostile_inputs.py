@@ -19,9 +19,10 @@ from module_fixtures import SMALL
 from longctx import planner
 from longctx.data import DataConfig, LongCtxDataModule
 from longctx.data.config import Stage
+from longctx.hf.weight_source import InitFromError, resolve
 from longctx.model import Llama, LlamaConfig
 from longctx.train.app import main, run
-from longctx.train.init_from import InitFromError, load_init_weights, resolve
+from longctx.train.init_from import load_init_weights
 from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStep
 from longctx.train.options import (
     check_planner,

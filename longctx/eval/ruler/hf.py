@@ -74,7 +74,7 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
 
     from longctx.data.tokenizer import HFTokenizer
     from longctx.hf.folders import CONFIG_FILE, LOCAL_ONLY, check_no_remote_code, read_config_json
-    from longctx.train.init_from import check_finite_weights
+    from longctx.hf.weight_source import check_finite_weights
 
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file():

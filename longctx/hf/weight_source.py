@@ -1,0 +1,320 @@
+"""Weight sources: a transformers folder or a longctx checkpoint, resolved, checked against a
+model config and read into a model (``model.init_from``, export, verify, eval).
+
+A source is one of
+- a transformers folder: config.json + model.safetensors, or shards with their index;
+- a longctx checkpoint: a ``.ckpt`` file, a sharded FSDP checkpoint folder, or a run folder
+  (its checkpoints/last.ckpt).
+
+A model config must have the source's shapes: a mismatch names the field or tensor and both
+values. RoPE settings are the run's own (changing them is how a context is extended); a
+difference from a transformers source is reported, not refused.
+
+Loading goes through torch.distributed.checkpoint where the source allows it, so under FSDP2
+every rank reads only the slices of its own shards (safetensors and DCP shards are read by
+offset); a single-file ``.ckpt`` is memory-mapped and each rank copies out its slices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from longctx.distributed.sharded import (
+    METADATA_FILE,
+    SafeLoadPlanner,
+    UnreadableShardedCheckpoint,
+    UnsafeShardedCheckpoint,
+    load_sharded,
+    read_dcp_metadata,
+)
+from longctx.hf.checkpoint import check_supported, config_from_hf, to_hf_name
+from longctx.hf.folders import CONFIG_FILE
+from longctx.model.config import LlamaConfig
+from longctx.model.llama import Llama
+from longctx.runs.checkpoints import existing_checkpoint
+from longctx.runs.folder import is_run_folder, last_checkpoint
+
+# fields that fix the tensors' shapes or the function the weights compute
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "dim",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_dim",
+    "tie_embeddings",
+    "norm_eps",
+)
+LONGCTX_PREFIX = "model."  # LongCtxModule.model's parameters in a Lightning state_dict
+LLAMA_MODULES = {"tok_embeddings", "layers", "norm", "output"}  # Llama's top-level children
+
+
+class InitFromError(ValueError):
+    """model.init_from names something that cannot initialise this model."""
+
+
+@dataclasses.dataclass
+class WeightSource:
+    """A resolved ``init_from`` path: its kind, its tensors' shapes (longctx names) and, for a
+    transformers folder, its config.json."""
+
+    path: Path
+    kind: str  # "transformers", "longctx" (a .ckpt file) or "longctx-sharded"
+    shapes: dict[str, torch.Size]
+    hf_config: dict[str, Any] | None = None
+
+    def check(self, config: LlamaConfig) -> None:
+        """Refuse a model config whose architecture or tensor shapes differ from the source's."""
+        if self.hf_config is not None:
+            _check_fields(config, self.hf_config, self.path)
+        _check_shapes(_expected_shapes(config), self.shapes, self.path)
+
+    def rope_change(self, config: LlamaConfig) -> str | None:
+        """A line saying how this run's RoPE differs from a transformers source's, if it does."""
+        if self.hf_config is None:
+            return None
+        theirs = config_from_hf(self.hf_config)
+        if (theirs.rope_theta, theirs.rope_scaling) == (config.rope_theta, config.rope_scaling):
+            return None
+        return (
+            f"model.init_from: {self.path} was trained with rope_theta={theirs.rope_theta}, "
+            f"rope_scaling={theirs.rope_scaling}; this run uses rope_theta={config.rope_theta}, "
+            f"rope_scaling={config.rope_scaling}"
+        )
+
+    def load_into(self, model: nn.Module) -> None:
+        """Copy the source's weights into ``model`` (plain or FSDP2-sharded), this rank's part."""
+        self.check(model.config)
+        state = model.state_dict()  # FSDP2: sharded DTensors that share the parameters' storage
+        if self.kind == "transformers":
+            _dcp_load({to_hf_name(k): v for k, v in state.items()}, _hf_reader(self.path))
+        elif self.kind == "longctx-sharded":
+            nested = {"state_dict": {LONGCTX_PREFIX + k: v for k, v in state.items()}}
+            load_sharded(nested, self.path)  # its index and items read as data
+        else:
+            _copy_slices(state, read_longctx_checkpoint(self.path))
+
+
+def resolve(path: str | Path) -> WeightSource:
+    """The weight source at ``path``, or an InitFromError saying what was expected there."""
+    p = Path(path).expanduser()
+    expected = (
+        "expected a transformers folder (config.json + safetensors) or a longctx checkpoint "
+        "(a .ckpt file, a sharded checkpoint folder or a run folder)"
+    )
+    if not p.exists():
+        raise InitFromError(f"model.init_from={str(path)!r} does not exist; {expected}")
+    if p.is_dir() and (p / CONFIG_FILE).is_file():
+        return _transformers_source(p)
+    if is_run_folder(p):
+        return resolve(_run_checkpoint(p))
+    if p.is_dir() and (p / METADATA_FILE).is_file():
+        return WeightSource(p, "longctx-sharded", _sharded_shapes(p))
+    if p.is_file():
+        return WeightSource(
+            p, "longctx", {k: v.shape for k, v in read_longctx_checkpoint(p).items()}
+        )
+    raise InitFromError(f"model.init_from={str(path)!r} is not a checkpoint; {expected}")
+
+
+def read_longctx_checkpoint(path: Path) -> dict[str, Tensor]:
+    """The Llama weights (longctx names) of a single-file longctx checkpoint, memory-mapped:
+    the one place a longctx .ckpt is read for init_from."""
+    if path.stat().st_size == 0:
+        raise InitFromError(
+            f"model.init_from={str(path)!r} is empty (0 bytes): a checkpoint whose write never "
+            f"finished; pass another checkpoint of that run ({_other_checkpoints(path)})"
+        )
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as err:  # a text file, a truncated file, another format, a crafted pickle
+        raise InitFromError(
+            f"model.init_from={str(path)!r} is not a checkpoint torch can read ({err}); expected "
+            "a longctx .ckpt file"
+        ) from err
+    state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    if not isinstance(state, dict):
+        raise InitFromError(
+            f"model.init_from={str(path)!r} has no 'state_dict'; expected a longctx (Lightning) "
+            "checkpoint"
+        )
+    return _strip_prefix(state, path)
+
+
+# ------------------------------------------------------------------------ the kinds
+def _transformers_source(path: Path) -> WeightSource:
+    from safetensors import safe_open
+
+    hf = json.loads((path / CONFIG_FILE).read_text())
+    try:
+        check_supported(hf)
+    except ValueError as err:
+        raise InitFromError(f"model.init_from={str(path)!r}: {err}") from err
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise InitFromError(
+            f"model.init_from={str(path)!r} has a config.json but no *.safetensors weights"
+        )
+    from_hf = {to_hf_name(k): k for k in _expected_shapes(config_from_hf(hf))}
+    shapes = {}
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                    shapes[from_hf.get(key, key)] = torch.Size(f.get_slice(key).get_shape())
+        except Exception as err:  # a truncated or corrupt file: safetensors does not name it
+            raise InitFromError(
+                f"model.init_from={str(path)!r}: {file.name} cannot be read as safetensors "
+                f"({type(err).__name__}: {err}); expected a complete .safetensors file (a copy "
+                "that stopped part-way is truncated)"
+            ) from err
+    if hf.get("tie_word_embeddings"):
+        shapes.pop("lm_head.weight", None)  # a tied copy some writers keep
+    return WeightSource(path, "transformers", shapes, hf)
+
+
+def _run_checkpoint(run: Path) -> Path:
+    found = existing_checkpoint(last_checkpoint(run))
+    if found is None:
+        raise InitFromError(
+            f"model.init_from={str(run)!r} is a run folder without checkpoints/last.ckpt; pass "
+            "a checkpoint file or folder inside it"
+        )
+    return found
+
+
+def _other_checkpoints(path: Path) -> str:
+    others = sorted(p.name for p in path.parent.glob("*.ckpt") if p != path and p.stat().st_size)
+    return f"e.g. {', '.join(others)} in {path.parent}" if others else f"none in {path.parent}"
+
+
+def _sharded_shapes(path: Path) -> dict[str, torch.Size]:
+    try:
+        metadata = read_dcp_metadata(path).state_dict_metadata  # data: a restricted unpickler
+    except (UnsafeShardedCheckpoint, UnreadableShardedCheckpoint) as err:
+        raise InitFromError(f"model.init_from={str(path)!r}: {err}") from err
+    prefix = "state_dict."
+    tensors = {
+        k.removeprefix(prefix): m.size
+        for k, m in metadata.items()
+        if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
+    }
+    return {k: torch.Size(v) for k, v in _strip_prefix(tensors, path).items()}
+
+
+def _strip_prefix(state: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Llama names from a LongCtxModule state dict; anything else (a model=hf run's
+    ``model.hf_model.*``, another program's checkpoint) is not longctx's Llama."""
+    tops = {k.removeprefix(LONGCTX_PREFIX).split(".", 1)[0] for k in state}
+    llama = all(k.startswith(LONGCTX_PREFIX) for k in state) and tops <= LLAMA_MODULES
+    if not state or not llama:
+        sample = sorted(state)[:3]
+        raise InitFromError(
+            f"model.init_from={str(path)!r} holds weights {sample}...; expected longctx's Llama "
+            f"(names starting {LONGCTX_PREFIX!r})"
+        )
+    return {k.removeprefix(LONGCTX_PREFIX): v for k, v in state.items()}
+
+
+# ------------------------------------------------------------------------ checks
+def _expected_shapes(config: LlamaConfig) -> dict[str, torch.Size]:
+    with torch.device("meta"):
+        return {k: v.shape for k, v in Llama(config).state_dict().items()}
+
+
+def _check_fields(config: LlamaConfig, hf: dict[str, Any], path: Path) -> None:
+    theirs = config_from_hf(hf)
+    differ = [
+        f"{f}: model {getattr(config, f)} vs checkpoint {getattr(theirs, f)}"
+        for f in ARCHITECTURE_FIELDS
+        if getattr(config, f) != getattr(theirs, f)
+    ]
+    if differ:
+        raise InitFromError(
+            f"model.init_from={str(path)!r} does not match the model config: "
+            + "; ".join(differ)
+            + ". Pick the preset of that checkpoint or override those fields (model.<field>=...)"
+        )
+
+
+def _check_shapes(expected: dict[str, torch.Size], found: dict[str, torch.Size], path) -> None:
+    missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    if missing or unexpected:
+        raise InitFromError(
+            f"model.init_from={str(path)!r} does not hold the model's tensors: missing "
+            f"{missing[:5]}{' ...' if len(missing) > 5 else ''}, unexpected "
+            f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
+        )
+    wrong = [
+        f"{k}: model {tuple(expected[k])} vs checkpoint {tuple(found[k])}"
+        for k in expected
+        if expected[k] != found[k]
+    ]
+    if wrong:
+        raise InitFromError(
+            f"model.init_from={str(path)!r}: tensor shapes differ from the model config's: "
+            + "; ".join(wrong[:5])
+            + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else "")
+        )
+
+
+# ------------------------------------------------------------------------ loading
+def _hf_reader(path: Path):
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    return HuggingFaceStorageReader(str(path))
+
+
+def _dcp_load(state: dict, reader) -> None:
+    """torch.distributed.checkpoint.load: each rank reads the slices its (sharded) tensors
+    hold; without a process group, a plain load. The dtype is the model's (copied into).
+    Safetensors hold tensors only; the planner is the one that never unpickles anyway."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
+
+
+def _copy_slices(state: dict[str, Tensor], source: dict[str, Tensor]) -> None:
+    """Copy memory-mapped full tensors into the model's, this rank's slice of a DTensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        for name, target in state.items():
+            full = source[name]
+            if isinstance(target, DTensor):
+                # src_data_rank=None: no broadcast, every rank slices its own chunk
+                mesh, placements = target.device_mesh, target.placements
+                full = distribute_tensor(full, mesh, placements, src_data_rank=None).to_local()
+                target = target.to_local()
+            target.copy_(full)
+
+
+def check_finite_weights(model: nn.Module, source: str) -> None:
+    """Refuse weights with NaN or inf, naming ``source`` and the tensors: they would train to a
+    NaN model, or score and export one as if it were a model. The one check of every path that
+    loads weights (init_from, eval of a checkpoint or an --hf folder, export). Under FSDP2 each
+    rank checks its own shards and every rank learns of any rank's finding, so all stop
+    together."""
+    bad = [name for name, t in model.state_dict().items() if not _all_finite(t)]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        found: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(found, bad)
+        bad = sorted({name for names in found for name in names})
+    if bad:
+        listed = ", ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+        raise InitFromError(
+            f"{source} holds NaN or infinite values in {listed}; expected "
+            "finite weights (a run that diverged, or a damaged file)"
+        )
+
+
+def _all_finite(tensor: Tensor) -> bool:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # an FSDP2 shard
+    return bool(torch.isfinite(local).all()) if local.is_floating_point() else True
