@@ -28,6 +28,7 @@ from pathlib import Path
 
 from longctx.cli import command
 from longctx.experiments.sweep_files import CSV_LOG, RECORD_FILE, is_archived_run, require_runs
+from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.io import make_readable
 from longctx.runs.folder import CHECKPOINTS, LOCK_FILE, RUN_MARKER
 from longctx.runs.record import read_stored_run
@@ -39,7 +40,7 @@ NOT_ARCHIVED = {CHECKPOINTS, LOCK_FILE, RUN_MARKER}
 
 def archive_run(run: Path, dest: Path) -> Path:
     """Copy ``run``'s results to ``dest`` (see the module docstring); returns ``dest``."""
-    stored = read_stored_run(run)  # refuses a run without a valid record before anything is written
+    stored = read_stored_run(run, CONFIG_TARGETS)  # refuses a run without a valid record before anything is written
     if dest.exists() and not is_archived_run(dest):
         raise FileExistsError(
             f"{dest} exists and is not an archived run ({RECORD_FILE}); not replacing it"

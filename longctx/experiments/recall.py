@@ -37,6 +37,7 @@ from longctx.eval.recall import (
     records,
     teacher_forced,
 )
+from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.record import read_stored_run
 from longctx.synthetic.mqar import MqarSpec
 
@@ -94,7 +95,7 @@ def trained_spec(run, data) -> MqarSpec:
 
 
 def score_run(run: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
-    stored = read_stored_run(run)
+    stored = read_stored_run(run, CONFIG_TARGETS)
     model_config, data = stored.model_config(attn_backend="sdpa"), stored.data_config()
     spec = trained_spec(run, data)
     arm = Arm(data.document_mask, data.reset_position_ids)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.folder import CHECKPOINTS, is_run_folder
 from longctx.runs.record import read_record_file, read_stored_run
 
@@ -58,9 +59,9 @@ def run_settings(run_dir: Path) -> dict:
     """{"model", "data", "run"} of the run as its last checkpoint (or its archive) records
     them ("run": group, seed and tags)."""
     if is_archived_run(run_dir):
-        config = read_record_file(run_dir / RECORD_FILE)["config"]
+        config = read_record_file(run_dir / RECORD_FILE, CONFIG_TARGETS)["config"]
     else:
-        config = read_stored_run(run_dir).config
+        config = read_stored_run(run_dir, CONFIG_TARGETS).config
     return {"run": {}, **config}
 
 

@@ -207,6 +207,7 @@ def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> 
     """Check the export at ``folder``; see the module docstring. Prints what it measured."""
     import transformers
 
+    from longctx.hf.config_targets import CONFIG_TARGETS
     from longctx.hf.run_model import llama_config, read_export_record, read_model
     from longctx.runs.record import read_stored_run
 
@@ -215,7 +216,7 @@ def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> 
     check_no_remote_code(folder)  # before transformers reads anything of it
     if not interactive():  # transformers' loading bars, as longctx's own, only on a terminal
         transformers.utils.logging.disable_progress_bar()
-    stored = read_stored_run(record.checkpoint)
+    stored = read_stored_run(record.checkpoint, CONFIG_TARGETS)
     ours = read_model(stored.checkpoint, llama_config(stored))
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, **LOCAL_ONLY

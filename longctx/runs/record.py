@@ -8,9 +8,10 @@ and the analysis all read this record; nothing reads Hydra's ``.hydra/config.yam
 A record is data, never code. A stored config names its constructor with ``_target_``, and Hydra
 would call whatever that names (``torch.load`` of a pickle, ``open``, ``shutil.copyfile``...). So
 the record is validated against longctx's own config classes before anything is built: the
-``_target_`` must be one of :data:`MODEL_TARGETS` / :data:`DATA_TARGETS`, no other Hydra key
-(``_args_``, ``_partial_``, ``_recursive_``) may appear, nothing nested may carry a ``_target_``,
-and the constructor is called directly, without Hydra.
+``_target_`` must be one of the allow-list's (:class:`RecordTargets`, which every reader passes in:
+longctx's is :data:`longctx.hf.config_targets.CONFIG_TARGETS`, so this module imports no config
+class), no other Hydra key (``_args_``, ``_partial_``, ``_recursive_``) may appear, nothing nested
+may carry a ``_target_``, and the constructor is called directly, without Hydra.
 """
 
 from __future__ import annotations
@@ -34,37 +35,13 @@ class RecordError(ValueError):
     """A checkpoint's run record that is missing or that longctx will not build."""
 
 
-def _llama_config(**fields):
-    from longctx.model import LlamaConfig
+@dataclasses.dataclass(frozen=True)
+class RecordTargets:
+    """The allow-list: the only constructors a stored config may name, by ``_target_``, for its
+    model and its data (the conf/ groups' own _target_s)."""
 
-    return LlamaConfig.from_name(**fields)
-
-
-def _llama_fields(**fields):
-    from longctx.model import LlamaConfig
-
-    return LlamaConfig(**fields)
-
-
-def _hf_spec(**fields):
-    from longctx.hf import HFModelSpec
-
-    return HFModelSpec(**fields)
-
-
-def _data_config(**fields):
-    from longctx.data import DataConfig
-
-    return DataConfig(**fields)
-
-
-# the only constructors a stored config may name (the conf/ groups' own _target_s)
-MODEL_TARGETS: dict[str, Callable[..., Any]] = {
-    "longctx.model.LlamaConfig.from_name": _llama_config,
-    "longctx.model.LlamaConfig": _llama_fields,
-    "longctx.hf.HFModelSpec": _hf_spec,
-}
-DATA_TARGETS: dict[str, Callable[..., Any]] = {"longctx.data.DataConfig": _data_config}
+    model: Mapping[str, Callable[..., Any]]
+    data: Mapping[str, Callable[..., Any]]
 
 
 def plain(value):
@@ -96,13 +73,16 @@ class StoredRun:
     contents: dict  # its weights-only, memory-mapped contents
     config: dict  # {"model": {...}, "data": {...}} as recorded (validated)
     identity: dict
+    targets: RecordTargets  # what the config was validated against, and is built with
 
     def model_config(self, **overrides):
         """The typed model config (a LlamaConfig or an HF spec); ``overrides`` replace fields."""
-        return build(self.config["model"], MODEL_TARGETS, f"{self.checkpoint}: model", overrides)
+        where = f"{self.checkpoint}: model"
+        return build(self.config["model"], self.targets.model, where, overrides)
 
     def data_config(self, **overrides):
-        return build(self.config["data"], DATA_TARGETS, f"{self.checkpoint}: data", overrides)
+        where = f"{self.checkpoint}: data"
+        return build(self.config["data"], self.targets.data, where, overrides)
 
 
 def checkpoint_in(path: Path) -> Path:
@@ -125,18 +105,19 @@ def checkpoint_in(path: Path) -> Path:
     return path
 
 
-def read_stored_run(path: str | Path) -> StoredRun:
-    """The validated record of the checkpoint at ``path`` (see :func:`checkpoint_in`)."""
+def read_stored_run(path: str | Path, targets: RecordTargets) -> StoredRun:
+    """The record of the checkpoint at ``path`` (see :func:`checkpoint_in`), validated
+    against ``targets``."""
     checkpoint = checkpoint_in(Path(path))
     contents = read_checkpoint(checkpoint)
     record = contents.get(CHECKPOINT_KEY) if isinstance(contents, dict) else None
     config = validated_config(
-        record, checkpoint, CHECKPOINT_KEY, "a checkpoint written by train.py"
+        record, checkpoint, CHECKPOINT_KEY, "a checkpoint written by train.py", targets
     )
-    return StoredRun(checkpoint, contents, config, record.get("identity") or {})
+    return StoredRun(checkpoint, contents, config, record.get("identity") or {}, targets)
 
 
-def read_record_file(path: str | Path) -> dict:
+def read_record_file(path: str | Path, targets: RecordTargets) -> dict:
     """The validated record a run's archive keeps in place of its checkpoints (a JSON file of
     ``{"identity", "config"}``, longctx.experiments.archive): the same checks as a checkpoint's."""
     path = Path(path)
@@ -144,20 +125,22 @@ def read_record_file(path: str | Path) -> dict:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise RecordError(f"{path} is not a readable run record ({err}); expected JSON") from err
-    validated_config(record, path, None, "the record longctx.experiments.archive writes")
+    validated_config(record, path, None, "the record longctx.experiments.archive writes", targets)
     return record
 
 
-def validated_config(record: Any, source: Path, key: str | None, expected: str) -> dict:
-    """``record``'s config {"model", "data"[, "run"]}, refused unless it is longctx's own
+def validated_config(
+    record: Any, source: Path, key: str | None, expected: str, targets: RecordTargets
+) -> dict:
+    """``record``'s config {"model", "data"[, "run"]}, refused unless ``targets`` allows it
     (``source``: the file read, ``key``: where in it the record was, for the errors)."""
     where = f"{source}: {key}" if key else str(source)
     config = record.get("config") if isinstance(record, dict) else None
     if not isinstance(config, dict) or not {"model", "data"} <= config.keys():
         held = f"key {key!r} with model and data" if key else "model and data"
         raise RecordError(f"{source} holds no run config ({held}); expected {expected}")
-    validate(config["model"], MODEL_TARGETS, f"{where}.config.model")
-    validate(config["data"], DATA_TARGETS, f"{where}.config.data")
+    validate(config["model"], targets.model, f"{where}.config.model")
+    validate(config["data"], targets.data, f"{where}.config.data")
     _refuse_nested_targets(config.get("run", {}), f"{where}.config.run")
     return config
 

@@ -239,7 +239,9 @@ def test_eval_of_a_model_hf_checkpoint_uses_its_weights(folders, tmp_path):
     ckpt = stored_hf_run(tmp_path / "run", node, weights)
     args = ["--no-probe", "--long-factor", "1", "--cache-dir", str(CACHE_DIR)]
     ours = eval_cli.main([str(ckpt), "--out", str(tmp_path / "eval"), *args])
-    stored_model = eval_cli.load_model(eval_cli.read_stored_run(ckpt), spec, "cpu")
+    stored_model = eval_cli.load_model(
+        eval_cli.read_stored_run(ckpt, eval_cli.CONFIG_TARGETS), spec, "cpu"
+    )
     for name, tensor in model.state_dict().items():
         assert torch.equal(stored_model.state_dict()[name], tensor), name
     base = stored_hf_run(tmp_path / "base", node, {f"model.{k}": v for k, v in

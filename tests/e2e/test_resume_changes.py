@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import FAST, compose
 
+from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.folder import FolderState
 from longctx.runs.record import read_stored_run
 from longctx.train.app import ConfigError, run
@@ -107,7 +108,7 @@ def test_a_changed_setting_is_refused_by_name_unless_allowed_and_then_applied(
     assert_in_effect(seen, CONFIGURED | {key: value})
     said = capsys.readouterr().out
     assert f"allowed by allow_resume_changes: {key}: {CONFIGURED[key]!r} -> {value!r}" in said
-    assert read_stored_run(run_dir).config["training"][key] == value
+    assert read_stored_run(run_dir, CONFIG_TARGETS).config["training"][key] == value
 
 
 @pytest.mark.parametrize("key", [None, *APPLIED])
@@ -123,7 +124,7 @@ def test_a_resume_applies_the_schedule_length_and_the_nonfinite_allowance(
     if key:
         old = 2 if key == "trainer.max_steps" else CONFIGURED[key]
         assert f"applied as configured: {key}: {old!r} -> {value!r}" in capsys.readouterr().out
-    stored = read_stored_run(run_dir).config["training"]
+    stored = read_stored_run(run_dir, CONFIG_TARGETS).config["training"]
     assert {k: stored[k] for k in settings} == settings
 
 
@@ -173,7 +174,7 @@ def test_a_resume_that_switches_add_bos_is_refused_by_name_unless_allowed(
     seen, run_dir = resume(trained, tmp_path, ["data.add_bos=true",
                                                "allow_resume_changes=[data.add_bos]"])  # fmt: skip
     assert "allowed by allow_resume_changes: data.add_bos: None -> True" in capsys.readouterr().out
-    assert read_stored_run(run_dir).identity["data.add_bos"] is True
+    assert read_stored_run(run_dir, CONFIG_TARGETS).identity["data.add_bos"] is True
 
 
 def test_every_data_setting_is_decided_for_a_resume(tmp_path):

@@ -15,6 +15,7 @@ from longctx.batch import IGNORE_INDEX
 from longctx.data import ByteTokenizer
 from longctx.eval import cli
 from longctx.eval.ruler import answer_logits, instance_batch, make_instances
+from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.record import read_stored_run
 
 TOK = ByteTokenizer()
@@ -83,7 +84,7 @@ def test_an_export_scores_as_the_run_it_came_from(trained_run, tmp_path):
     pd.testing.assert_frame_equal(a, b)
     assert a["token_accuracy"].between(0, 1).all()
 
-    stored = read_stored_run(ckpt)
+    stored = read_stored_run(ckpt, CONFIG_TARGETS)
     model_config, _ = cli.load_configs(stored, None, None, None)
     model = cli.load_model(stored, model_config, "cpu")
     scorer, _, _ = load_hf_folder(hf)

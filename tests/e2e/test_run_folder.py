@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import FAST, compose, read_metrics, run_train
 
+from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.folder import LOCK_FILE, last_checkpoint, note_before_hydra
 from longctx.runs.record import read_stored_run
 from longctx.train.app import run
@@ -78,7 +79,7 @@ def test_overwrite_starts_a_clean_folder_and_export_reads_the_new_config(tmp_pat
     assert "rope_theta: 10000" in (run_dir / ".hydra" / "config.yaml").read_text()
     steps = [int(r["step"]) for r in read_metrics(run_dir) if r.get("train/loss")]
     assert steps == [1, 2]  # one row per optimizer step of the new run; none of the old's third
-    stored = read_stored_run(run_dir).model_config()
+    stored = read_stored_run(run_dir, CONFIG_TARGETS).model_config()
     assert stored.rope_theta == 10000
     weights = torch.load(last_checkpoint(run_dir), weights_only=True)["state_dict"]
     assert weights  # the record sits beside the weights it describes

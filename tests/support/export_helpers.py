@@ -58,10 +58,11 @@ def make_run(
 
 def longctx_model(run: Path) -> Llama:
     """longctx's Llama as the run's record and last checkpoint give it."""
+    from longctx.hf.config_targets import CONFIG_TARGETS
     from longctx.hf.run_model import llama_config, read_model
     from longctx.runs.record import read_stored_run
 
-    stored = read_stored_run(run)
+    stored = read_stored_run(run, CONFIG_TARGETS)
     return read_model(stored.checkpoint, llama_config(stored))
 
 

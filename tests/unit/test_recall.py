@@ -366,7 +366,7 @@ def test_scoring_refuses_a_run_not_trained_on_an_mqar_corpus(monkeypatch):
         def data_config(self):
             return DataConfig(shards=["embedded"])
 
-    monkeypatch.setattr(cli, "read_stored_run", lambda run: Stored())
+    monkeypatch.setattr(cli, "read_stored_run", lambda run, targets: Stored())
     with pytest.raises(ValueError, match=re.escape("data.shards=['embedded']; expected one MQAR")):
         cli.score_run("r", None)
 

@@ -10,6 +10,7 @@ from helpers import FAST, compose, write_run_record
 
 from longctx.eval import cli as eval_cli
 from longctx.experiments import analysis
+from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.folder import last_checkpoint
 from longctx.runs.record import CHECKPOINT_KEY, RecordError, read_stored_run
 from longctx.train.app import run
@@ -57,7 +58,7 @@ def test_the_record_refuses_any_other_target_naming_file_and_key(tmp_path, case)
     run = crafted_run(tmp_path, crafted_configs(tmp_path)[case])
     stored = None
     with pytest.raises(RecordError, match=r"last\.ckpt: longctx_run\.config\.model") as err:
-        stored = read_stored_run(run)
+        stored = read_stored_run(run, CONFIG_TARGETS)
         stored.model_config()
     assert stored is None
     assert "_target_" in str(err.value) or "_args_" in str(err.value)
@@ -86,7 +87,7 @@ def test_resume_and_init_from_a_crafted_checkpoint_run_nothing(tmp_path):
 
 def test_a_valid_record_builds_typed_configs(tmp_path):
     run = write_run_record(tmp_path / "run", {"seq_len": 128, "document_mask": False}, seed=3)
-    stored = read_stored_run(run)
+    stored = read_stored_run(run, CONFIG_TARGETS)
     assert stored.model_config().n_layers >= 1
     data = stored.data_config(seq_len=64)
     assert (data.seq_len, data.document_mask) == (64, False)
