@@ -25,7 +25,7 @@ import torch
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.eval.documents import document_batches, score_documents
-from longctx.eval.files import append_rows
+from longctx.eval.files import EVAL_DIR, HELD_OUT_ANSWERS_CSV, append_rows
 from longctx.synthetic import Encoder, TextHaystack, ood
 from longctx.synthetic.tasks import TASKS, check_tasks
 
@@ -121,6 +121,6 @@ class HeldOutAnswerLoss(L.Callback):
         tokens = sum(r["tokens"] for r in rows)
         pl_module.log("val/answer_loss", sum(r["loss_sum"] for r in rows) / tokens, batch_size=1)
         if trainer.is_global_zero:
-            out = Path(self.out_dir or Path(trainer.default_root_dir) / "eval")
+            out = Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
             step = trainer.global_step
-            append_rows([{"step": step, **r} for r in rows], out / "held_out_answers.csv")
+            append_rows([{"step": step, **r} for r in rows], out / HELD_OUT_ANSWERS_CSV)

@@ -18,7 +18,17 @@ import lightning as L
 import torch
 
 from longctx.eval.documents import document_batches, mean_loss, score_documents
-from longctx.eval.files import append_rows, write_json, write_rows
+from longctx.eval.files import (
+    EVAL_DIR,
+    HELD_OUT_DOCUMENTS_CSV,
+    LONG_DOCUMENTS_CSV,
+    PASSKEY_ACCURACY_CSV,
+    PASSKEY_PROBES_CSV,
+    POSITION_LOSS_CSV,
+    append_rows,
+    write_json,
+    write_rows,
+)
 from longctx.eval.long_documents import (
     check_eval_length,
     check_factor,
@@ -55,7 +65,7 @@ class PositionLossCurves(L.Callback):
         self.probe_batch_size, self.seed = probe_batch_size, seed
 
     def _out(self, trainer: L.Trainer) -> Path:
-        return Path(self.out_dir or Path(trainer.default_root_dir) / "eval")
+        return Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Refuse probe lengths RoPE is not configured for before training, not at its end."""
@@ -74,7 +84,7 @@ class PositionLossCurves(L.Callback):
         step = trainer.global_step
         rows = [{"step": step, **r} for r in acc.records()]
         out = self._out(trainer)
-        append_rows(rows, out / "position_loss.csv")
+        append_rows(rows, out / POSITION_LOSS_CSV)
         write_json(
             {"step": step, "val_loss": acc.mean_loss(), "buckets": rows},
             out / f"position_loss_step{step}.json",
@@ -105,8 +115,8 @@ class PositionLossCurves(L.Callback):
         results = self.run_probe(trainer, pl_module)
         table = accuracy_table(results)
         out = self._out(trainer)
-        write_rows(results, out / "passkey_probes.csv")
-        write_rows(table, out / "passkey_accuracy.csv")
+        write_rows(results, out / PASSKEY_PROBES_CSV)
+        write_rows(table, out / PASSKEY_ACCURACY_CSV)
         write_json({"step": trainer.global_step, "passkey": table}, out / "passkey.json")
         self._log_wandb_probe(trainer, table)
 
@@ -184,8 +194,8 @@ class HeldOutDocumentLoss(L.Callback):
         pl_module.log("val/held_out_loss", mean_loss(records), batch_size=1)
         if trainer.is_global_zero:
             step = trainer.global_step
-            out = Path(self.out_dir or Path(trainer.default_root_dir) / "eval")
-            append_rows([{"step": step, **r} for r in records], out / "held_out_documents.csv")
+            out = Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
+            append_rows([{"step": step, **r} for r in records], out / HELD_OUT_DOCUMENTS_CSV)
             self._log_wandb_curve(trainer, records)
 
     def _document_batches(self, datamodule):
@@ -262,6 +272,6 @@ class LongDocumentLoss(L.Callback):
             pl_module.log(name, value, batch_size=1)
         if trainer.is_global_zero:
             step = trainer.global_step
-            out = Path(self.out_dir or Path(trainer.default_root_dir) / "eval")
-            append_rows([{"step": step, **r} for r in scored["curve"]], out / "long_documents.csv")
+            out = Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
+            append_rows([{"step": step, **r} for r in scored["curve"]], out / LONG_DOCUMENTS_CSV)
             write_json({"step": step, "octaves": table}, out / f"long_documents_step{step}.json")

@@ -21,7 +21,17 @@ from pathlib import Path
 import torch
 
 from longctx.cli import command
-from longctx.eval.files import write_json, write_rows
+from longctx.eval.files import (
+    EVAL_DIR,
+    EVAL_SUMMARY_JSON,
+    LONG_DOCUMENT_OCTAVES_CSV,
+    LONG_DOCUMENTS_CSV,
+    PASSKEY_ACCURACY_CSV,
+    PASSKEY_PROBES_CSV,
+    POSITION_LOSS_CSV,
+    write_json,
+    write_rows,
+)
 from longctx.eval.long_documents import (
     check_eval_length,
     check_factor,
@@ -41,7 +51,6 @@ from longctx.eval.ruler.callback import default_ruler_lengths
 from longctx.eval.ruler.instances import RulerInputError
 from longctx.eval.ruler.scoring import GENERATE, SCORING_MODES
 from longctx.eval.ruler.suite import SuiteSettings, run_suite
-from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.folder import run_folder_of
 from longctx.runs.record import read_stored_run
 
@@ -224,7 +233,7 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.hf is not None:
         return run_hf(args)
-    stored = read_stored_run(args.checkpoint, CONFIG_TARGETS)  # names the file when missing or unreadable
+    stored = read_stored_run(args.checkpoint)  # names the file when missing or unreadable
     model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
     check_backend(model_config.attn_backend, args.device)
     out = args.out or _default_out(args.checkpoint.resolve())
@@ -251,7 +260,7 @@ def run(args: argparse.Namespace) -> dict:
         "val_loss": acc.mean_loss(),
         "position_loss": acc.records(),
     }
-    write_rows(acc.records(), out / "position_loss.csv")
+    write_rows(acc.records(), out / POSITION_LOSS_CSV)
     long = score_long_documents(
         model,
         load_long_documents(data_config),
@@ -262,17 +271,17 @@ def run(args: argparse.Namespace) -> dict:
         args.device,
     )
     summary["long_documents"] = octave_table(long["octaves"], data_config.seq_len, args.long_factor)
-    write_rows(long["curve"], out / "long_documents.csv")
-    write_rows(long["octaves"], out / "long_documents_by_octave.csv")  # per document: for CIs
+    write_rows(long["curve"], out / LONG_DOCUMENTS_CSV)
+    write_rows(long["octaves"], out / LONG_DOCUMENT_OCTAVES_CSV)  # per document: for CIs
     if not args.no_probe:
         tokenizer = datamodule.tokenizer()
         lengths = args.probe_lengths or probe_lengths(data_config.seq_len, args.long_factor)
         probes = make_probes(tokenizer, lengths, args.probe_depths, args.probe_samples, args.seed)
         results = score_probes(model, probes, args.probe_batch_size, args.device)
         summary["passkey"] = accuracy_table(results)
-        write_rows(results, out / "passkey_probes.csv")
-        write_rows(summary["passkey"], out / "passkey_accuracy.csv")
-    write_json(summary, out / "eval.json")
+        write_rows(results, out / PASSKEY_PROBES_CSV)
+        write_rows(summary["passkey"], out / PASSKEY_ACCURACY_CSV)
+    write_json(summary, out / EVAL_SUMMARY_JSON)
     octaves = ", ".join(f"{r['multiple']}x {r['loss']:.4f}" for r in summary["long_documents"])
     print(f"val loss {summary['val_loss']:.4f}; long documents by octave {octaves}; in {out}")
     return summary
@@ -314,7 +323,7 @@ def check_out(out: Path) -> None:
 def _default_out(checkpoint: Path) -> Path:
     """<run>/eval for a checkpoint in a run folder; beside the checkpoint otherwise."""
     run = run_folder_of(checkpoint)
-    return (run if run is not None else checkpoint.parent) / "eval"
+    return (run if run is not None else checkpoint.parent) / EVAL_DIR
 
 
 def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> None:

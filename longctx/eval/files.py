@@ -12,6 +12,21 @@ import pandas as pd
 
 from longctx.io import atomic_append_bytes, atomic_write_text
 
+# The files an evaluation writes into its output folder: a run's EVAL_DIR when train.py's
+# callbacks or ``python -m longctx.eval`` on its checkpoint score it (or --out); the reports
+# (longctx.experiments) read them back by these names.
+EVAL_DIR = "eval"
+EVAL_SUMMARY_JSON = "eval.json"
+POSITION_LOSS_CSV = "position_loss.csv"
+LONG_DOCUMENTS_CSV = "long_documents.csv"
+LONG_DOCUMENT_OCTAVES_CSV = "long_documents_by_octave.csv"  # per document and octave: for CIs
+PASSKEY_PROBES_CSV = "passkey_probes.csv"
+PASSKEY_ACCURACY_CSV = "passkey_accuracy.csv"
+HELD_OUT_DOCUMENTS_CSV = "held_out_documents.csv"
+HELD_OUT_ANSWERS_CSV = "held_out_answers.csv"
+RULER_RESULTS_CSV = "ruler_results.csv"
+RULER_SUMMARY_JSON = "ruler.json"
+
 
 def write_rows(rows: Sequence[dict], path: Path) -> None:
     """Dict rows as a CSV table (replacing the file)."""

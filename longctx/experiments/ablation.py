@@ -34,11 +34,12 @@ import numpy as np
 import pandas as pd
 
 from longctx.data.arms import ARM_ORDER, arm_label
+from longctx.eval.files import EVAL_DIR, HELD_OUT_ANSWERS_CSV, HELD_OUT_DOCUMENTS_CSV
 from longctx.experiments import statistics as st
 from longctx.experiments.sweep_files import read_table, require_runs, run_name, run_settings
 
-HELD_OUT_FILE = Path("eval") / "held_out_documents.csv"
-ANSWERS_FILE = Path("eval") / "held_out_answers.csv"  # longctx.eval.answer_loss
+HELD_OUT_FILE = Path(EVAL_DIR) / HELD_OUT_DOCUMENTS_CSV
+ANSWERS_FILE = Path(EVAL_DIR) / HELD_OUT_ANSWERS_CSV  # longctx.eval.answer_loss
 ARM_KEYS = ("reset_position_ids", "document_mask", "packer")
 
 

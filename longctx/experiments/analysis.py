@@ -25,6 +25,7 @@ import pandas as pd
 
 from longctx.cli import command
 from longctx.data.arms import ARM_ORDER, arm_label
+from longctx.eval.files import EVAL_DIR, PASSKEY_ACCURACY_CSV
 from longctx.experiments.ablation import format_summary, per_instance, summarize
 from longctx.experiments.statistics import write_per_instance
 from longctx.experiments.sweep_files import (
@@ -172,7 +173,7 @@ def load_probes(root: str | Path) -> pd.DataFrame:
     """Passkey accuracy tables (eval/passkey_accuracy.csv) of every run under root."""
     frames = []
     for run_dir in find_runs(root):
-        path = run_dir / "eval" / "passkey_accuracy.csv"
+        path = run_dir / EVAL_DIR / PASSKEY_ACCURACY_CSV
         if path.is_file():
             data = run_settings(run_dir)["data"]
             reset, mask = _toggle(data, "reset_position_ids"), _toggle(data, "document_mask")

@@ -26,6 +26,12 @@ import numpy as np
 import pandas as pd
 
 from longctx.cli import command
+from longctx.eval.files import (
+    EVAL_DIR,
+    EVAL_SUMMARY_JSON,
+    LONG_DOCUMENT_OCTAVES_CSV,
+    LONG_DOCUMENTS_CSV,
+)
 from longctx.eval.long_documents import octave_starts
 from longctx.experiments import statistics as st
 from longctx.experiments.sweep_files import read_json_file, read_table
@@ -44,7 +50,7 @@ def arm_name(folder: Path) -> str:
 
 
 def arm_results(folder: Path) -> dict:
-    summary_path = folder / "eval" / "eval.json"
+    summary_path = folder / EVAL_DIR / EVAL_SUMMARY_JSON
     if not summary_path.is_file():
         raise FileNotFoundError(
             f"{summary_path} is missing; run python -m longctx.eval "
@@ -62,7 +68,7 @@ def arm_results(folder: Path) -> dict:
 def octave_sums(folder: Path, seq_len: int, multiple: int) -> pd.DataFrame:
     """Per document: the loss sum over the octave [m L/2, m L) and its tokens, as the arm's
     evaluation scored them (longctx.eval.long_documents.octave_starts)."""
-    records = read_table(folder / "eval" / "long_documents_by_octave.csv", text=["doc"],
+    records = read_table(folder / EVAL_DIR / LONG_DOCUMENT_OCTAVES_CSV, text=["doc"],
                          numeric=["bucket_start", "loss_sum", "tokens"])  # fmt: skip
     octave = records[records["bucket_start"] == octave_starts(seq_len, multiple)[-1]]
     return octave.groupby("doc")[["loss_sum", "tokens"]].sum()
@@ -199,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 def pooled_curve(folders: list[Path]) -> pd.DataFrame:
     """The arm's per-position curve over all its seeds' documents."""
-    records = pd.concat([read_table(f / "eval" / "long_documents.csv",
+    records = pd.concat([read_table(f / EVAL_DIR / LONG_DOCUMENTS_CSV,
                                     numeric=["bucket_start", "loss_sum", "tokens"])
                          for f in folders])  # fmt: skip
     sums = records.groupby("bucket_start")[["loss_sum", "tokens"]].sum()

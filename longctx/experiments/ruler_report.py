@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from longctx.cli import command
+from longctx.eval.files import EVAL_DIR, RULER_RESULTS_CSV, RULER_SUMMARY_JSON
 from longctx.eval.ruler.effective_length import relative_effective_length, ruler_effective_length
 from longctx.eval.ruler.generate import chance
 from longctx.experiments import statistics as st
@@ -43,7 +44,7 @@ from longctx.experiments.ablation import verdict
 from longctx.synthetic.tasks import RULER_TASKS
 
 # the final evaluation (python -m longctx.eval ... --suite ruler), else the in-loop callback's
-RESULTS = (Path("eval") / "ruler" / "ruler_results.csv", Path("eval") / "ruler_results.csv")
+RESULTS = (Path(EVAL_DIR) / "ruler" / RULER_RESULTS_CSV, Path(EVAL_DIR) / RULER_RESULTS_CSV)
 ARM_BY = ("position", "rope_arm", "group")
 INSTANCE = ["task", "length", "depth", "sample"]
 
@@ -83,7 +84,7 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
         if "step" in rows:  # the callback's: every validation, the instance seed per row
             rows = rows[rows["step"] == rows["step"].max()]
         else:  # the CLI's: the instance seed is in its ruler.json
-            rows = rows.assign(seed=instance_seed(path.parent / "ruler.json"))
+            rows = rows.assign(seed=instance_seed(path.parent / RULER_SUMMARY_JSON))
         settings = run_settings(folder)
         frames.append(rows.assign(arm=arm_of(folder, settings, arm_by),
                                   seed_train=settings["run"].get("seed"),

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from longctx.eval.files import write_json, write_rows
+from longctx.eval.files import RULER_RESULTS_CSV, RULER_SUMMARY_JSON, write_json, write_rows
 from longctx.eval.long_documents import check_eval_length
 from longctx.eval.ruler.generate import (
     DEFAULT_DEPTHS,
@@ -94,13 +94,13 @@ def run_suite(model, tokenizer, settings: SuiteSettings, out: Path, device="cpu"
         **report,
     }
     out.mkdir(parents=True, exist_ok=True)
-    write_rows(results, out / "ruler_results.csv")
+    write_rows(results, out / RULER_RESULTS_CSV)
     for name in ("cells", "lengths", "suite", "copy_curve"):
         if report[name]:
             write_rows(report[name], out / f"ruler_{name}.csv")
     if s.write_instances:
         write_instances(instances, tokenizer, out / "ruler_instances.jsonl")
-    write_json(summary, out / "ruler.json")
+    write_json(summary, out / RULER_SUMMARY_JSON)
     print(format_summary(summary))
     print(f"in {out}")
     return summary
