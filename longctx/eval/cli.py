@@ -51,6 +51,7 @@ from longctx.eval.ruler.callback import default_ruler_lengths
 from longctx.eval.ruler.instances import RulerInputError
 from longctx.eval.ruler.scoring import GENERATE, SCORING_MODES
 from longctx.eval.ruler.suite import SuiteSettings, run_suite
+from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.folder import run_folder_of
 from longctx.runs.record import read_stored_run
 
@@ -233,7 +234,7 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.hf is not None:
         return run_hf(args)
-    stored = read_stored_run(args.checkpoint)  # names the file when missing or unreadable
+    stored = read_stored_run(args.checkpoint, CONFIG_TARGETS)  # names the file when missing or unreadable
     model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
     check_backend(model_config.attn_backend, args.device)
     out = args.out or _default_out(args.checkpoint.resolve())

@@ -20,14 +20,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
+from longctx.context_shard import ContextShard, context_shard, gather_row
+from longctx.cp_balance import DEFAULT_BALANCE, PlanStats, context_parallel_metrics
 from longctx.data.streams import StreamBatch
-from longctx.distributed.context_parallel import (
-    ContextShard,
-    context_parallel_group,
-    context_shard,
-    gather_row,
-)
-from longctx.distributed.cp_balance import DEFAULT_BALANCE, PlanStats, context_parallel_metrics
+from longctx.distributed.context_parallel import all_gather_over, context_parallel_group
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
 from longctx.eval.position_loss import PositionLoss
 from longctx.model.interface import ModelSpec, PackedCausalLM
@@ -182,7 +178,7 @@ class LongCtxModule(L.LightningModule):
             batch,
             rank,
             self.context_parallel,
-            self.cp_group,
+            all_gather_over(self.cp_group),
             balance=self.context_parallel_balance,
             rounds=self.context_parallel_rounds,
         )
