@@ -26,6 +26,7 @@ from longctx.eval.files import (
     PASSKEY_PROBES_CSV,
     POSITION_LOSS_CSV,
     append_rows,
+    wandb_runs,
     write_json,
     write_rows,
 )
@@ -145,13 +146,6 @@ class PositionLossCurves(L.Callback):
         data = [[r[c] for c in columns] for r in table]
         for run in runs:
             run.log({"eval/passkey_accuracy": wandb.Table(columns=columns, data=data)})
-
-
-def wandb_runs(trainer: L.Trainer) -> list:
-    """The W&B run objects of the trainer's WandbLoggers (empty without one)."""
-    from lightning.pytorch.loggers import WandbLogger
-
-    return [lg.experiment for lg in trainer.loggers if isinstance(lg, WandbLogger)]
 
 
 class HeldOutDocumentLoss(L.Callback):

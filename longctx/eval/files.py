@@ -1,5 +1,6 @@
 """Result files of the evaluation: CSV tables and standard JSON, each written fresh (a temp file
-renamed over the old one: a link in the output folder is replaced, never written through)."""
+renamed over the old one: a link in the output folder is replaced, never written through); and
+the W&B runs a trainer's callbacks log their tables to."""
 
 from __future__ import annotations
 
@@ -58,3 +59,10 @@ def _json_safe(obj):
     if isinstance(obj, list | tuple):
         return [_json_safe(v) for v in obj]
     return obj
+
+
+def wandb_runs(trainer) -> list:
+    """The W&B run objects of the trainer's WandbLoggers (empty without one)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    return [lg.experiment for lg in trainer.loggers if isinstance(lg, WandbLogger)]

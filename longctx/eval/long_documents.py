@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from longctx.eval.documents import document_batches, document_records
-from longctx.eval.passkey import default_lengths
 
 
 def check_eval_length(length: int, max_seq_len: int, what: str) -> None:
@@ -49,6 +48,17 @@ def multiples(factor: int) -> list[int]:
 def octave_starts(seq_len: int, factor: int) -> list[int]:
     """Range starts [0, L/2, L, 2L, ..., factor L / 2]: the octaves ending at 1x ... factor x."""
     return [0] + [m * seq_len // 2 for m in multiples(factor)]
+
+
+def default_lengths(max_len: int, min_len: int = 1024) -> list[int]:
+    """Powers of two from min(min_len, max_len) up to max_len, plus max_len itself."""
+    if max_len < 1:
+        raise ValueError(f"max_len={max_len}; expected >= 1")
+    out, n = [], min(min_len, max_len)
+    while n < max_len:
+        out.append(n)
+        n *= 2
+    return out + [max_len]
 
 
 def probe_lengths(seq_len: int, factor: int) -> list[int]:

@@ -30,7 +30,6 @@ __all__ = [
     "PasskeyProbe",
     "accuracy_table",
     "answer_logits",
-    "default_lengths",
     "make_probe",
     "make_probes",
     "probe_batch",
@@ -72,17 +71,6 @@ def make_probes(
         for d in depths
         for s in range(samples)
     ]
-
-
-def default_lengths(max_len: int, min_len: int = 1024) -> list[int]:
-    """Powers of two from min(min_len, max_len) up to max_len, plus max_len itself."""
-    if max_len < 1:
-        raise ValueError(f"max_len={max_len}; expected >= 1")
-    out, n = [], min(min_len, max_len)
-    while n < max_len:
-        out.append(n)
-        n *= 2
-    return out + [max_len]
 
 
 @torch.no_grad()

@@ -15,10 +15,10 @@ from helpers import FAST, assert_close_scaled, run_train
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.data import ByteTokenizer
 from longctx.eval import cli
+from longctx.eval.long_documents import default_lengths
 from longctx.eval.passkey import (
     accuracy_table,
     answer_logits,
-    default_lengths,
     make_probe,
     make_probes,
     probe_batch,

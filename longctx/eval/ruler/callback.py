@@ -36,7 +36,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from longctx.context_shard import data_parallel_rank_and_size
 from longctx.cp_balance import rank_unit
-from longctx.eval.files import EVAL_DIR, RULER_RESULTS_CSV, append_rows, write_json
+from longctx.eval.files import EVAL_DIR, RULER_RESULTS_CSV, append_rows, wandb_runs, write_json
 from longctx.eval.long_documents import check_eval_length, check_factor, multiples
 from longctx.eval.ruler.generate import plan_instances
 from longctx.eval.ruler.scoring import TEACHER_FORCED, check_mode, score_instances, summarize
@@ -143,8 +143,6 @@ class RulerEval(L.Callback):
         return gather_rows(list(zip(mine, rows, strict=True)), len(self.instances), trainer)
 
     def _write(self, trainer: L.Trainer, results: list[dict], report: dict) -> None:
-        from longctx.eval.callbacks import wandb_runs
-
         step = trainer.global_step
         out = Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
         append_rows(
