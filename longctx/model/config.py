@@ -1,4 +1,9 @@
-"""Typed Llama configuration, validated on construction, with named presets."""
+"""Typed Llama configuration with named presets: the model spec that builds longctx's Llama.
+
+Its fields and their checks are :class:`~longctx.model.settings.LlamaSettings`, which the module
+and the FLOP count read; this class adds the presets and the building, so nothing below it needs
+the config class that builds it.
+"""
 
 from __future__ import annotations
 
@@ -7,68 +12,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from longctx.model.attention.names import AUTO, check_backend_name
-from longctx.model.rope import RopeScaling
-from longctx.model.validation import require_positive, require_positive_int
+from longctx.model.interface import check_weights
+from longctx.model.llama import Llama
+from longctx.model.settings import LlamaSettings
 
 
 @dataclasses.dataclass
-class LlamaConfig:
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
-    rope_scaling: RopeScaling | None = None
-    max_seq_len: int = 131072  # largest position RoPE is configured for
-    # RoPE angles position * inv_freq in fp64 (exact) rather than fp32 (transformers' rounding)
-    exact_rope_angles: bool = True
-    tie_embeddings: bool = False
-    attn_backend: str = AUTO
-    activation_checkpointing: bool = False
-    loss_chunk_size: int = 4096  # tokens per chunk of the chunked cross-entropy
-    init_std: float = 0.02
-    # weights to start from (a new stage: fresh optimizer, schedule and data position): a
-    # transformers folder, or a longctx checkpoint / run folder (longctx.hf.weight_source)
-    init_from: str | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.rope_scaling, dict):  # Hydra hands nested configs over as dicts
-            self.rope_scaling = RopeScaling(**self.rope_scaling)
-        self._check_sizes()
-        self._check_heads()
-        check_backend_name(self.attn_backend)
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
-            raise ValueError(
-                f"rope_scaling={self.rope_scaling!r}; expected a RopeScaling, a dict or None"
-            )
-        if self.init_from is not None and not isinstance(self.init_from, str):
-            raise ValueError(f"init_from={self.init_from!r}; expected a path or None")
-
-    def _check_sizes(self) -> None:
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim"):
-            require_positive_int(name, getattr(self, name))
-        for name in ("max_seq_len", "loss_chunk_size"):
-            require_positive_int(name, getattr(self, name))
-        for name in ("norm_eps", "rope_theta", "init_std"):
-            require_positive(name, getattr(self, name))
-
-    def _check_heads(self) -> None:
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads} "
-                "(grouped-query attention shares each KV head among n_heads / n_kv_heads heads)"
-            )
-        if self.head_dim % 2:
-            raise ValueError(
-                f"head_dim = dim / n_heads = {self.head_dim} is odd; RoPE rotates pairs, "
-                "so it must be even"
-            )
+class LlamaConfig(LlamaSettings):
+    """LlamaSettings as a model spec (longctx.model.interface.ModelSpec): built by name with
+    overrides (:meth:`from_name`), and building the Llama it describes."""
 
     supports_context_parallel: ClassVar[bool] = True
     plans_capacity: ClassVar[bool] = True
@@ -77,8 +29,6 @@ class LlamaConfig:
     def build(self):
         """Llama(self); on the meta device with ``init_from`` (configure_model shards it under
         FSDP2, materialises it and reads the weights, each rank its own shards)."""
-        from longctx.model.llama import Llama
-
         if self.init_from:
             with torch.device("meta"):
                 return Llama(self)
@@ -87,35 +37,11 @@ class LlamaConfig:
     def build_from(self, weights):
         """Llama(self) holding ``weights``: built on the meta device, checked, then assigned
         (memory-mapped tensors stay mapped)."""
-        from longctx.model.interface import check_weights
-        from longctx.model.llama import Llama
-
         with torch.device("meta"):
             model = Llama(self)
         check_weights(model.state_dict(), weights)
         model.load_state_dict(weights, strict=True, assign=True)
         return model
-
-    def check_seq_len(self, seq_len: int) -> None:
-        """The one length limit: rows no longer than the RoPE range the model is built for."""
-        if seq_len > self.max_seq_len:
-            raise ValueError(
-                f"L={seq_len} > max_seq_len={self.max_seq_len}, the RoPE range the model is "
-                "configured for"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def num_params(self) -> int:
-        """Exact parameter count of ``Llama(self)`` (tied embeddings counted once)."""
-        kv_dim = self.n_kv_heads * self.head_dim
-        attn = 2 * self.dim * self.dim + 2 * self.dim * kv_dim  # wq, wo; wk, wv
-        ffn = 3 * self.dim * self.ffn_dim  # w1, w2, w3
-        per_layer = attn + ffn + 2 * self.dim  # + attention_norm, ffn_norm
-        embeddings = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
-        return embeddings + self.n_layers * per_layer + self.dim  # + final norm
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> LlamaConfig:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from longctx.model.config import LlamaConfig
+from longctx.model.settings import LlamaSettings
 
 
-def estimate_flops(config: LlamaConfig, seq_lens: Tensor) -> float:
+def estimate_flops(config: LlamaSettings, seq_lens: Tensor) -> float:
     """Forward + backward FLOPs of longctx's Llama on a batch (see :func:`training_flops`)."""
     return training_flops(
         matmul_params(config), config.head_dim, config.n_heads, config.n_layers, seq_lens
@@ -32,7 +32,7 @@ def training_flops(
     return 6.0 * matmul_params * float(lens.sum()) + attention
 
 
-def matmul_params(config: LlamaConfig) -> int:
+def matmul_params(config: LlamaSettings) -> int:
     """Parameters touched per token: everything but the input embedding table, plus the lm
     head (which a tied model shares with the embedding, but still multiplies by)."""
     embedding = config.vocab_size * config.dim

@@ -1,8 +1,8 @@
 """Llama as a pure nn.Module over PackedBatch: document-masked attention, position-id RoPE.
 
-No Lightning, no Hydra: a typed LlamaConfig in, logits or a chunked loss out. Everything the
-layers share is derived from the batch once per forward: the attention metadata (segment
-boundaries in the backend's format) and the RoPE cos/sin of every token's position id.
+No Lightning, no Hydra: typed LlamaSettings (a LlamaConfig) in, logits or a chunked loss out.
+Everything the layers share is derived from the batch once per forward: the attention metadata
+(segment boundaries in the backend's format) and the RoPE cos/sin of every token's position id.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from longctx.model.attention import (
     resolve_backend,
 )
 from longctx.model.attention.cached import KVCache, cached_attention
-from longctx.model.config import LlamaConfig
 from longctx.model.flops import estimate_flops
 from longctx.model.interface import PackedCausalLM, check_batch
 from longctx.model.rope import apply_rope, inv_frequencies, rope_cos_sin
+from longctx.model.settings import LlamaSettings
 
 
 def _linear(in_features: int, out_features: int) -> nn.Linear:
@@ -90,7 +90,7 @@ def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaSettings):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = (
             config.n_heads,
@@ -149,7 +149,7 @@ def cached_step(q, k, v, meta: AttentionMetadata | None, cache: KVCache, layer: 
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x)."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaSettings):
         super().__init__()
         self.w1 = _linear(config.dim, config.ffn_dim)  # gate
         self.w2 = _linear(config.ffn_dim, config.dim)  # down
@@ -160,7 +160,7 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaSettings):
         super().__init__()
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.attention = Attention(config)
@@ -181,7 +181,7 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(PackedCausalLM):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaSettings):
         super().__init__()
         self.config = config
         self.tok_embeddings = skip_init(
