@@ -23,6 +23,7 @@ PYTEST_ARGS ?= -n auto --dist loadfile --no-loadscope-reorder
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 	@up=0; bash scripts/slurm/local_cluster.sh status >/dev/null 2>&1 && up=1; \
 	if [ $$up = 0 ]; then bash scripts/slurm/local_cluster.sh start \
 	  || echo "make test: local SLURM did not start; the slurm tests will skip"; fi; \
