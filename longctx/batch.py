@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
+from longctx.errors import LongctxError
+
 IGNORE_INDEX = -100
 # to_dense_mask() builds a [B, L, L] bool tensor: 64 MiB per row at 8192, 16 GiB at 131072.
 DENSE_MASK_MAX_LEN = 8192
@@ -55,15 +57,15 @@ class PackedBatch:
         for name in ("labels", "position_ids"):
             _check_tensor(name, getattr(self, name), ndim=2)
             if getattr(self, name).shape != self.tokens.shape:
-                raise ValueError(
+                raise LongctxError(
                     f"{name} has shape {tuple(getattr(self, name).shape)}, "
                     f"expected the shape of tokens {(b, length)}"
                 )
         _check_tensor("seq_lens", self.seq_lens, ndim=2)
         if self.seq_lens.shape[0] != b:
-            raise ValueError(f"seq_lens has {self.seq_lens.shape[0]} rows, tokens has {b}")
+            raise LongctxError(f"seq_lens has {self.seq_lens.shape[0]} rows, tokens has {b}")
         if length == 0:
-            raise ValueError("tokens has an empty row (L = 0); expected L >= 1")
+            raise LongctxError("tokens has an empty row (L = 0); expected L >= 1")
         if self.seq_lens.device.type == "cpu":  # value checks sync; batches are built on CPU
             _check_seq_lens(self.seq_lens, length)
 
@@ -101,11 +103,11 @@ class PackedBatch:
         predicts the next document's first token: its label is -100.
         """
         if isinstance(eos_id, bool) or not isinstance(eos_id, int | np.integer):
-            raise ValueError(f"eos_id={eos_id!r}; expected the int id of the EOS token")
+            raise LongctxError(f"eos_id={eos_id!r}; expected the int id of the EOS token")
         stream = torch.as_tensor(token_stream)
         _check_tokens("token_stream", stream)
         if stream.shape[1] < 2:
-            raise ValueError(
+            raise LongctxError(
                 f"token_stream has rows of {stream.shape[1]} tokens, expected L+1 >= 2"
             )
         tokens, labels = stream[:, :-1].long(), stream[:, 1:].long().clone()
@@ -179,7 +181,7 @@ class PackedBatch:
 def check_dense_mask_len(length: int, who: str) -> None:
     """The one length limit of dense [B, L, L] masks and scores (quadratic in memory)."""
     if length > DENSE_MASK_MAX_LEN:
-        raise ValueError(
+        raise LongctxError(
             f"{who} refuses L={length} > {DENSE_MASK_MAX_LEN}: a dense [B, L, L] mask or score "
             "tensor is quadratic in memory; use 'sdpa' on CPU, 'flex' or 'flash' on GPU"
         )
@@ -233,7 +235,7 @@ def _as_lengths_tensor(seq_lens: Tensor | np.ndarray | Sequence[Sequence[int]]) 
     for i, row in enumerate(rows):
         bad = [v for v in row if isinstance(v, bool) or not isinstance(v, int)]
         if bad:
-            raise ValueError(f"seq_lens row {i} has non-integer lengths {bad}: {row}")
+            raise LongctxError(f"seq_lens row {i} has non-integer lengths {bad}: {row}")
     width = max((len(r) for r in rows), default=0)
     return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int64).view(
         len(rows), width
@@ -245,18 +247,18 @@ def _with_remainder_segment(seq_lens: Tensor, tokens_shape: torch.Size) -> Tenso
     b, length = tokens_shape
     _check_tensor("seq_lens", seq_lens, ndim=2)
     if seq_lens.shape[0] != b:
-        raise ValueError(f"seq_lens has {seq_lens.shape[0]} rows, tokens has {b}")
+        raise LongctxError(f"seq_lens has {seq_lens.shape[0]} rows, tokens has {b}")
     rows = []
     for i, row in enumerate(seq_lens.tolist()):
         kept = [v for v in row if v != 0]
         if any(v < 0 for v in row):
-            raise ValueError(f"seq_lens row {i} has negative lengths: {row}")
+            raise LongctxError(f"seq_lens row {i} has negative lengths: {row}")
         if row[: len(kept)] != kept:
-            raise ValueError(f"seq_lens row {i} has a zero before a positive length: {row}")
+            raise LongctxError(f"seq_lens row {i} has a zero before a positive length: {row}")
         if not kept:
-            raise ValueError(f"seq_lens row {i} is empty (no positive length): {row}")
+            raise LongctxError(f"seq_lens row {i} is empty (no positive length): {row}")
         if sum(kept) > length:
-            raise ValueError(f"seq_lens row {i} sums to {sum(kept)} > L={length}: {row}")
+            raise LongctxError(f"seq_lens row {i} sums to {sum(kept)} > L={length}: {row}")
         rows.append(kept + [length - sum(kept)] if sum(kept) < length else kept)
     return pad_sequence([torch.tensor(r, dtype=torch.int32) for r in rows], batch_first=True)
 
@@ -265,16 +267,16 @@ def _check_tokens(name: str, t: Tensor) -> None:
     """[B, L] integer ids with at least one row."""
     _check_tensor(name, t, ndim=2)
     if t.shape[0] == 0:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}: no rows (B = 0); expected B >= 1")
+        raise LongctxError(f"{name} has shape {tuple(t.shape)}: no rows (B = 0); expected B >= 1")
 
 
 def _check_tensor(name: str, t: Tensor, ndim: int) -> None:
     if not isinstance(t, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise LongctxError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.ndim != ndim:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {ndim} dimensions")
+        raise LongctxError(f"{name} has shape {tuple(t.shape)}, expected {ndim} dimensions")
     if t.dtype not in INT_DTYPES:
-        raise ValueError(f"{name} has dtype {t.dtype}, expected an integer dtype")
+        raise LongctxError(f"{name} has dtype {t.dtype}, expected an integer dtype")
 
 
 def _check_seq_lens(seq_lens: Tensor, length: int) -> None:
@@ -286,11 +288,13 @@ def _check_seq_lens(seq_lens: Tensor, length: int) -> None:
         return
     for i, row in enumerate(lens.tolist()):
         if min(row) < 0:
-            raise ValueError(f"seq_lens row {i} has negative lengths: {row}")
+            raise LongctxError(f"seq_lens row {i} has negative lengths: {row}")
         if sums[i] != length:
-            raise ValueError(f"seq_lens row {i} sums to {int(sums[i])}, expected L={length}: {row}")
+            raise LongctxError(
+                f"seq_lens row {i} sums to {int(sums[i])}, expected L={length}: {row}"
+            )
         if gaps[i].any():
-            raise ValueError(
+            raise LongctxError(
                 f"seq_lens row {i} has a zero length before a positive one: {row}; "
                 "zero padding must trail"
             )

@@ -40,6 +40,7 @@ from longctx.cp_balance import (
     rank_unit,
     row_owner,
 )
+from longctx.errors import LongctxError
 
 # All-gathers along dim 0 over the shard's ranks: every rank's [1, B, L/N, ...] -> [N, B, L/N,
 # ...], rank r's at [r]; differentiable (backward: a reduce-scatter of the gradient).
@@ -61,15 +62,15 @@ def check_context_parallel(
     2 * size * rounds chunks (head-tail) or of size (documents)."""
     for name, value in (("context_parallel", size), ("rounds", rounds), ("rank", rank)):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name}={value!r}; expected an int")
+            raise LongctxError(f"{name}={value!r}; expected an int")
     if size < 1 or rounds < 1 or not 0 <= rank < size:
-        raise ValueError(
+        raise LongctxError(
             f"context parallel rank={rank}, size={size}, rounds={rounds}; expected size >= 1, "
             "rounds >= 1, 0 <= rank < size"
         )
     check_balance(balance, rounds)
     if world is not None and world % size:
-        raise ValueError(
+        raise LongctxError(
             f"context_parallel={size} must divide the world size {world} (processes x nodes): "
             "each row is split over that many ranks"
         )
@@ -77,11 +78,11 @@ def check_context_parallel(
     if seq_len is None or seq_len % unit == 0:
         return
     if balance == DOCUMENTS:
-        raise ValueError(
+        raise LongctxError(
             f"a row of L={seq_len} tokens cannot be split over context parallel size {size}: "
             f"L must be a multiple of size={size} (each rank holds L/size tokens of every row)"
         )
-    raise ValueError(
+    raise LongctxError(
         f"a row of L={seq_len} tokens cannot be split over context parallel size {size} in "
         f"{rounds} round(s): L must be a multiple of 2*size*rounds={unit} "
         "(each rank takes two equal chunks per round)"
@@ -191,7 +192,7 @@ class ContextShard(PackedBatch):
             ("gather_index", (self.shape[0] * self.row_len,)),
         ):
             if getattr(self, name).shape != shape:
-                raise ValueError(
+                raise LongctxError(
                     f"{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(shape)}"
                 )
         check_context_parallel(

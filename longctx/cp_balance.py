@@ -33,6 +33,8 @@ import dataclasses
 
 import numpy as np
 
+from longctx.errors import LongctxError
+
 HEAD_TAIL, ROUNDS, DOCUMENTS = "head_tail", "rounds", "documents"
 BALANCERS = (HEAD_TAIL, ROUNDS, DOCUMENTS)
 # chosen from benchmarks/results/cp.json (docs/context-parallel-balance.md)
@@ -56,9 +58,9 @@ def check_balance(balance: str, rounds: int = 1) -> None:
     """A known balancer; ``rounds`` is read by ``rounds`` only (another balancer refuses it,
     rather than ignore it)."""
     if balance not in BALANCERS:
-        raise ValueError(f"context_parallel_balance={balance!r}; expected one of {BALANCERS}")
+        raise LongctxError(f"context_parallel_balance={balance!r}; expected one of {BALANCERS}")
     if rounds != 1 and balance != ROUNDS:
-        raise ValueError(
+        raise LongctxError(
             f"context_parallel_rounds={rounds} with context_parallel_balance={balance!r}: rounds "
             f"apply to the {ROUNDS!r} balancer only; set context_parallel_balance={ROUNDS} or "
             "context_parallel_rounds=1"

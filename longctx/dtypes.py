@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import torch
 
+from longctx.errors import LongctxError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def dtype_named(name: str, what: str = "dtype") -> torch.dtype:
     """The torch dtype a config names; ``what`` names the config key in the error."""
     if name not in DTYPES:
-        raise ValueError(f"{what}={name!r}: expected one of {sorted(DTYPES)}")
+        raise LongctxError(f"{what}={name!r}: expected one of {sorted(DTYPES)}")
     return DTYPES[name]

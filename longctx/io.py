@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from longctx.errors import LongctxError
+
 # temp files of an atomic write: a prefix no user file is expected to have, so cleaning up
 # after an interrupted write never touches files that are not ours; the ".tmp" suffix keeps
 # them among the ".*.tmp" leftovers a checkpoint folder's cleanup removes
@@ -106,7 +108,7 @@ def atomic_append_bytes(path: str | os.PathLike, data: bytes, head: bytes = b"")
     atomic_write_bytes(path, (head if earlier is None else earlier) + data)
 
 
-class NotAPlainFile(ValueError):
+class NotAPlainFile(LongctxError):
     """A path longctx would append to in place is a link, a second name of a file, or no file."""
 
 
