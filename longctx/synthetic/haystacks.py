@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from longctx.errors import LongctxError
 from longctx.synthetic.pieces import Encoder, TaskInputError
 
 # RULER's noise haystack: this sentence, repeated
@@ -91,7 +92,7 @@ class TextHaystack(Units):
         self.name = name
         self.sentences = split_sentences(text)
         if not self.sentences:
-            raise ValueError(f"haystack {name} holds no text")
+            raise LongctxError(f"haystack {name} holds no text")
 
     def units(self, enc: Encoder, rng: random.Random, sep: str) -> Iterator[np.ndarray]:
         i = rng.randrange(len(self.sentences))
@@ -114,7 +115,7 @@ class CorpusHaystack(Units):
             text = self._read()
             try:
                 self._text = TextHaystack(text, self.name)
-            except ValueError:
+            except LongctxError:
                 raise TaskInputError(
                     f"haystack {self.name} holds no text{self._where}; use another"
                 ) from None

@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from longctx.errors import LongctxError
+
 FILLER, EOS = 0, 1
 FIRST_KEY = 2
 KIND = "mqar"  # the tokenizer kind of an MQAR corpus's manifest
@@ -36,7 +38,7 @@ class MqarVocab:
         for name in ("num_keys", "num_values"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                raise ValueError(f"MqarVocab.{name}={value!r}; expected an int >= 2")
+                raise LongctxError(f"MqarVocab.{name}={value!r}; expected an int >= 2")
 
     @property
     def first_value(self) -> int:
@@ -71,9 +73,9 @@ def power_law_gaps(rng: np.random.Generator, slots: int, count: int, power_a: fl
     """``count`` distinct slots in [0, slots), drawn with p(g) ∝ g^(power_a - 1), g = 1..slots
     (Zoology's gap distribution: power_a = 0.01 puts nearly all mass on short gaps)."""
     if count > slots:
-        raise ValueError(f"{count} queries do not fit {slots} query slots")
+        raise LongctxError(f"{count} queries do not fit {slots} query slots")
     if not (math.isfinite(power_a) and 0 < power_a <= 1):  # else NaN probabilities, unnamed
-        raise ValueError(f"power_a={power_a!r}; expected a value in (0, 1]")
+        raise LongctxError(f"power_a={power_a!r}; expected a value in (0, 1]")
     g = np.arange(1, slots + 1, dtype=np.float64)
     p = power_a * g ** (power_a - 1)
     return np.sort(rng.choice(slots, size=count, replace=False, p=p / p.sum()))
@@ -91,7 +93,7 @@ def mqar_document(
     slots holding the queries (``lead_filler`` pushes every query further from its key: the
     length condition's distances)."""
     if not 1 <= num_pairs <= min(vocab.num_keys, vocab.num_values):
-        raise ValueError(
+        raise LongctxError(
             f"num_pairs={num_pairs}; expected 1..{min(vocab.num_keys, vocab.num_values)}"
         )
     keys = FIRST_KEY + rng.choice(vocab.num_keys, size=num_pairs, replace=False)
@@ -124,23 +126,23 @@ class MqarSpec:
                            ("power_a", float)):  # fmt: skip
             value = getattr(self, name)  # else float pairs crash the generator, a str compares
             if isinstance(value, bool) or not isinstance(value, int | np.integer | kind):
-                raise ValueError(f"MqarSpec.{name}={value!r}; expected {kind.__name__}")
+                raise LongctxError(f"MqarSpec.{name}={value!r}; expected {kind.__name__}")
         if (
             not 1
             <= self.min_pairs
             <= self.max_pairs
             <= min(self.vocab.num_keys, self.vocab.num_values)
         ):
-            raise ValueError(
+            raise LongctxError(
                 f"MqarSpec pairs [{self.min_pairs}, {self.max_pairs}]; expected "
                 f"1 <= min_pairs <= max_pairs <= {min(self.vocab.num_keys, self.vocab.num_values)}"
             )
         if not (math.isfinite(self.slot_ratio) and self.slot_ratio >= 1):
-            raise ValueError(
+            raise LongctxError(
                 f"MqarSpec.slot_ratio={self.slot_ratio!r}; expected a finite value >= 1"
             )
         if not (math.isfinite(self.power_a) and 0 < self.power_a <= 1):
-            raise ValueError(f"MqarSpec.power_a={self.power_a!r}; expected a value in (0, 1]")
+            raise LongctxError(f"MqarSpec.power_a={self.power_a!r}; expected a value in (0, 1]")
 
     def slots(self, num_pairs: int) -> int:
         return math.ceil(self.slot_ratio * num_pairs)
@@ -175,7 +177,7 @@ def tokenizer_spec(spec: MqarSpec) -> dict:
 def spec_of(tokenizer: dict) -> MqarVocab:
     """The vocabulary a manifest's ``mqar`` tokenizer entry states."""
     if tokenizer.get("kind") != KIND:
-        raise ValueError(f"tokenizer {tokenizer!r} is not an MQAR vocabulary (kind {KIND!r})")
+        raise LongctxError(f"tokenizer {tokenizer!r} is not an MQAR vocabulary (kind {KIND!r})")
     return MqarVocab(tokenizer["num_keys"], tokenizer["num_values"])
 
 
@@ -185,7 +187,7 @@ def answer_keys(loss_tokens: str, tokenizer: dict) -> tuple[int, int] | None:
     if loss_tokens == "all":
         return None
     if tokenizer.get("kind") != KIND:
-        raise ValueError(
+        raise LongctxError(
             f"data.loss_tokens={loss_tokens!r} needs an MQAR corpus (python -m "
             f"longctx.data.mqar_corpus); the data's tokenizer is {tokenizer.get('kind')!r}"
         )

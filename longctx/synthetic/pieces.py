@@ -7,10 +7,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from longctx.errors import LongctxError
+
 _MEMO_LIMIT = 1 << 20  # pieces remembered per encoder (haystack sentences recur across instances)
 
 
-class TaskInputError(ValueError):
+class TaskInputError(LongctxError):
     """Bad input to a task (a name, length, depth, haystack or data folder): the message says
     which value and what to do."""
 

@@ -18,6 +18,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from longctx.errors import LongctxError
 from longctx.synthetic.pieces import TaskInputError
 
 FILES = {"squad": "squad.json", "hotpotqa": "hotpotqa.json"}
@@ -55,7 +56,7 @@ def load_qa_folder(folder: str | Path) -> dict[str, QAData]:
     return {name: _read(name, path) for name, path in found.items()}
 
 
-class _BadAnswer(ValueError):
+class _BadAnswer(LongctxError):
     """A reference answer that is not non-empty text."""
 
 
