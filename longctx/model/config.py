@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from longctx.errors import LongctxError
 from longctx.model.interface import check_weights
 from longctx.model.llama import Llama
 from longctx.model.settings import LlamaSettings
@@ -48,7 +49,7 @@ class LlamaConfig(LlamaSettings):
         """A named preset ("tiny", "tiny_llama3", "llama3_1b", "llama3_8b") with field overrides (see
         :meth:`from_fields`)."""
         if name not in PRESETS:
-            raise ValueError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
+            raise LongctxError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_fields(PRESETS[name], **overrides)
 
     @classmethod
@@ -62,7 +63,7 @@ class LlamaConfig(LlamaSettings):
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - fields)
         if unknown:
-            raise ValueError(
+            raise LongctxError(
                 f"unknown LlamaConfig overrides {unknown}; fields are {sorted(fields)}"
             )
         merged = {**base, **{k: v for k, v in overrides.items() if v is not None}}

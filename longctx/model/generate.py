@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from longctx.batch import PackedBatch
+from longctx.errors import LongctxError
 
 
 def greedy_generate(
@@ -26,7 +27,9 @@ def greedy_generate(
     token that ended it (if any)."""
     prompt = torch.as_tensor(np.asarray(prompt_ids), dtype=torch.int64)
     if prompt.ndim != 1 or prompt.numel() == 0:
-        raise ValueError(f"prompt_ids has shape {tuple(prompt.shape)}; expected one non-empty row")
+        raise LongctxError(
+            f"prompt_ids has shape {tuple(prompt.shape)}; expected one non-empty row"
+        )
     return greedy_generate_batch(model, prompt[None], max_new_tokens, stop_ids)[0]
 
 
@@ -37,7 +40,9 @@ def greedy_generate_batch(
     with positions 0 .. N-1."""
     prompts = torch.as_tensor(np.asarray(prompts_BN), dtype=torch.int64)
     if prompts.ndim != 2 or prompts.shape[1] == 0:
-        raise ValueError(f"prompts have shape {tuple(prompts.shape)}; expected [B, N] with N >= 1")
+        raise LongctxError(
+            f"prompts have shape {tuple(prompts.shape)}; expected [B, N] with N >= 1"
+        )
     device = model.tok_embeddings.weight.device
     b, n = prompts.shape
     batch = PackedBatch.from_lengths(prompts, [[n]] * b, reset_position_ids=True).to(device)
@@ -56,7 +61,7 @@ def generate_from_batch(
         or not isinstance(max_new_tokens, int)
         or max_new_tokens < 1
     ):
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}; expected an int >= 1")
+        raise LongctxError(f"max_new_tokens={max_new_tokens!r}; expected an int >= 1")
     row_len = batch.row_len
     logits_BV, cache = model.prefill(batch, capacity=row_len + max_new_tokens)
     stop = torch.tensor(sorted(set(stop_ids or ())), dtype=torch.int64, device=logits_BV.device)

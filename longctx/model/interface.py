@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.errors import LongctxError
 from longctx.model.loss import chunked_token_loss
 
 
@@ -108,7 +109,7 @@ def check_weights(expected: Mapping[str, Tensor], weights: Mapping[str, Tensor])
         sorted(weights.keys() - expected.keys()),
     )
     if missing or unexpected:
-        raise ValueError(
+        raise LongctxError(
             f"the checkpoint's tensors are not the model's: missing {missing[:3]}"
             f"{' ...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
             f"{' ...' if len(unexpected) > 3 else ''}"
@@ -120,7 +121,7 @@ def check_weights(expected: Mapping[str, Tensor], weights: Mapping[str, Tensor])
             for k in wrong[:3]
         )
         more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
-        raise ValueError(f"tensor shapes differ from the model config's: {shapes}{more}")
+        raise LongctxError(f"tensor shapes differ from the model config's: {shapes}{more}")
 
 
 def check_batch(
@@ -137,11 +138,11 @@ def check_batch(
     bounds += [batch.position_ids.min(), batch.position_ids.max()]
     tok_min, tok_max, pos_min, pos_max = torch.stack(bounds).tolist()  # one device sync
     if tok_min < 0 or tok_max >= vocab_size:
-        raise ValueError(
+        raise LongctxError(
             f"token ids span [{tok_min}, {tok_max}]; expected ids in [0, vocab_size={vocab_size})"
         )
     if pos_min < 0 or (max_positions is not None and pos_max >= max_positions):
-        raise ValueError(
+        raise LongctxError(
             f"position ids span [{pos_min}, {pos_max}]; expected positions in "
             f"[0, max_seq_len={max_positions})"
         )

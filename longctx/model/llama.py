@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from longctx.batch import PackedBatch
 from longctx.context_shard import ContextShard, gather_row, own_tokens
+from longctx.errors import LongctxError
 from longctx.model.attention import (
     AttentionMetadata,
     attention,
@@ -266,7 +267,7 @@ class Llama(PackedCausalLM):
         position_ids = cache.positions(tokens_BT.shape[1])
         limit = self.config.max_seq_len
         if int(position_ids.max()) >= limit:
-            raise ValueError(
+            raise LongctxError(
                 f"decoding reaches position {int(position_ids.max())}; the model's positions end "
                 f"at max_seq_len={limit}: generate fewer tokens or use a shorter prompt"
             )

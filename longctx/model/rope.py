@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from longctx.errors import LongctxError
 from longctx.model.validation import require_number, require_positive, require_positive_int
 
 ROPE_TYPES = ("llama3", "linear", "yarn")
@@ -50,13 +51,13 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         if self.type not in ROPE_TYPES:
-            raise ValueError(
+            raise LongctxError(
                 f"rope_scaling.type={self.type!r} is unknown; expected one of {ROPE_TYPES}"
             )
         for name in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
             require_number(f"rope_scaling.{name}", getattr(self, name))  # used by its type or not
         if self.factor <= 1:
-            raise ValueError(
+            raise LongctxError(
                 f"rope_scaling.factor={self.factor}; expected a factor > 1 (the context is "
                 "extended by it; for none, set rope_scaling to null)"
             )
@@ -70,7 +71,7 @@ class RopeScaling:
 
     def _default_original_length(self) -> int:
         if self.type == "yarn":
-            raise ValueError(
+            raise LongctxError(
                 "rope_scaling.original_max_position is not set; yarn places its ramp by the "
                 "length the model was trained at: set it (e.g. "
                 "model.rope_scaling.original_max_position=8192 for a model trained at 8k)"
@@ -81,7 +82,7 @@ class RopeScaling:
         for name in ("low_freq_factor", "high_freq_factor"):
             require_positive(f"rope_scaling.{name}", getattr(self, name))
         if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(
+            raise LongctxError(
                 f"rope_scaling.high_freq_factor={self.high_freq_factor} must be greater than "
                 f"low_freq_factor={self.low_freq_factor} (the smooth band lies between them)"
             )
@@ -90,7 +91,7 @@ class RopeScaling:
         for name in ("beta_fast", "beta_slow"):
             require_positive(f"rope_scaling.{name}", getattr(self, name))
         if self.beta_fast <= self.beta_slow:
-            raise ValueError(
+            raise LongctxError(
                 f"rope_scaling.beta_fast={self.beta_fast} must be greater than beta_slow="
                 f"{self.beta_slow} (rotations over the original length where YaRN's ramp starts "
                 "and ends)"
@@ -98,7 +99,7 @@ class RopeScaling:
         if self.attention_factor is not None:
             require_positive("rope_scaling.attention_factor", self.attention_factor)
         if not isinstance(self.truncate, bool):
-            raise ValueError(f"rope_scaling.truncate={self.truncate!r}; expected true or false")
+            raise LongctxError(f"rope_scaling.truncate={self.truncate!r}; expected true or false")
 
     @property
     def attention_scale(self) -> float:
@@ -181,7 +182,7 @@ class RopeScaling:
         if kind == "default":
             return None
         if kind not in ROPE_TYPES:
-            raise ValueError(
+            raise LongctxError(
                 f"unsupported RoPE type {kind!r}; expected 'default' or one of {ROPE_TYPES}"
             )
         needed = (
@@ -189,7 +190,7 @@ class RopeScaling:
         )
         missing = [k for k in needed if rope.get(k) is None]
         if missing:
-            raise ValueError(f"RoPE type {kind!r} needs {missing}; got {rope}")
+            raise LongctxError(f"RoPE type {kind!r} needs {missing}; got {rope}")
         fields: dict[str, Any] = {"type": kind, "factor": float(rope["factor"])}
         original = rope.get("original_max_position_embeddings", max_position)
         fields["original_max_position"] = int(original)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from longctx.errors import LongctxError
 from longctx.model.attention.names import AUTO, check_backend_name
 from longctx.model.rope import RopeScaling
 from longctx.model.validation import require_positive, require_positive_int
@@ -41,11 +42,11 @@ class LlamaSettings:
         self._check_heads()
         check_backend_name(self.attn_backend)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
-            raise ValueError(
+            raise LongctxError(
                 f"rope_scaling={self.rope_scaling!r}; expected a RopeScaling, a dict or None"
             )
         if self.init_from is not None and not isinstance(self.init_from, str):
-            raise ValueError(f"init_from={self.init_from!r}; expected a path or None")
+            raise LongctxError(f"init_from={self.init_from!r}; expected a path or None")
 
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim"):
@@ -57,14 +58,14 @@ class LlamaSettings:
 
     def _check_heads(self) -> None:
         if self.dim % self.n_heads:
-            raise ValueError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
+            raise LongctxError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
+            raise LongctxError(
                 f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads} "
                 "(grouped-query attention shares each KV head among n_heads / n_kv_heads heads)"
             )
         if self.head_dim % 2:
-            raise ValueError(
+            raise LongctxError(
                 f"head_dim = dim / n_heads = {self.head_dim} is odd; RoPE rotates pairs, "
                 "so it must be even"
             )
@@ -72,7 +73,7 @@ class LlamaSettings:
     def check_seq_len(self, seq_len: int) -> None:
         """The one length limit: rows no longer than the RoPE range the model is built for."""
         if seq_len > self.max_seq_len:
-            raise ValueError(
+            raise LongctxError(
                 f"L={seq_len} > max_seq_len={self.max_seq_len}, the RoPE range the model is "
                 "configured for"
             )

@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from longctx.errors import LongctxError
+
 
 def require_number(
-    name: str, value: Any, error: type[ValueError] = ValueError, meaning: str = ""
+    name: str, value: Any, error: type[LongctxError] = LongctxError, meaning: str = ""
 ) -> None:
     """A finite int or float (not a bool), or ``error`` naming the field (and, when given, what
     it is: ``meaning``, e.g. "the model FLOPs utilisation")."""
@@ -21,7 +23,7 @@ def require_number(
 
 
 def require_positive(
-    name: str, value: Any, error: type[ValueError] = ValueError, meaning: str = ""
+    name: str, value: Any, error: type[LongctxError] = LongctxError, meaning: str = ""
 ) -> None:
     """A finite positive number, or ``error`` naming the field (the planner raises PlanError)."""
     require_number(name, value, error, meaning)
@@ -35,4 +37,4 @@ def _about(meaning: str) -> str:
 
 def require_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r}; expected a positive int")
+        raise LongctxError(f"{name}={value!r}; expected a positive int")

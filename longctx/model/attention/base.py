@@ -8,6 +8,7 @@ from torch import Tensor
 
 from longctx.batch import PackedBatch
 from longctx.cp_balance import DOCUMENTS
+from longctx.errors import LongctxError
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -31,7 +32,7 @@ class AttentionBackend:
     def check_context_parallel(self, balance: str) -> None:
         """Refuse a context-parallel balancer whose shards this backend cannot attend."""
         if balance == DOCUMENTS and not self.per_rank_key_spans:
-            raise ValueError(
+            raise LongctxError(
                 f"context_parallel_balance={DOCUMENTS!r} needs an attention backend that takes "
                 f"per-rank key spans; attn_backend={self.name!r} does not: use "
                 "context_parallel_balance=head_tail or rounds with it"
@@ -42,7 +43,7 @@ class AttentionBackend:
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"attention got dtype {dtype}; expected one of {FLOAT_DTYPES}")
+            raise LongctxError(f"attention got dtype {dtype}; expected one of {FLOAT_DTYPES}")
 
     def metadata(self, batch: PackedBatch):
         raise NotImplementedError

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from longctx.batch import PackedBatch
 from longctx.context_shard import ContextShard, piece_spans, span_index
+from longctx.errors import LongctxError
 from longctx.model.attention.base import AttentionBackend
 from longctx.model.attention.names import FLASH
 
@@ -144,7 +145,7 @@ class FlashBackend(AttentionBackend):
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         if dtype not in FLASH_DTYPES:
-            raise ValueError(
+            raise LongctxError(
                 f"attn_backend='flash' does not support dtype {dtype}; flash kernels take "
                 f"{FLASH_DTYPES} (use bf16 autocast/weights, or attn_backend='flex'/'sdpa' for "
                 "fp32)"

@@ -26,6 +26,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from longctx.batch import PackedBatch, check_dense_mask_len
 from longctx.context_shard import ContextShard
+from longctx.errors import LongctxError
 from longctx.model.attention.base import AttentionBackend
 from longctx.model.attention.names import FLEX
 
@@ -44,7 +45,7 @@ class FlexBackend(AttentionBackend):
         # a context-parallel shard's query tiles are rows of the row's tile map; training rows
         # are asked for whole tiles too
         if (chunks > 1 or training) and seq_len % (chunks * FLEX_BLOCK_SIZE):
-            raise ValueError(
+            raise LongctxError(
                 f"attn_backend='flex' needs L={seq_len} to be a multiple of {chunks} chunk(s) x "
                 f"{FLEX_BLOCK_SIZE} = {chunks * FLEX_BLOCK_SIZE}: whole FlexAttention blocks per "
                 "chunk"
