@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from longctx.data.tokenizer import TOKENIZER_NAMES
+from longctx.errors import LongctxError
 from longctx.synthetic import TaskInputError
 from longctx.synthetic.mqar import MqarSpec, MqarVocab
 from longctx.synthetic.tasks import check_tasks
@@ -37,16 +38,16 @@ class LengthUpsampling:
     def __post_init__(self) -> None:
         where = "DataConfig.length_upsampling"
         if isinstance(self.factor, bool) or not isinstance(self.factor, int) or self.factor < 1:
-            raise ValueError(
+            raise LongctxError(
                 f"{where}.factor={self.factor!r}; expected a whole number >= 1 (the times a long "
                 "document appears in a data epoch; 1 = no upsampling)"
             )
         if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int):
-            raise ValueError(f"{where}.min_tokens={self.min_tokens!r}; expected an int")
+            raise LongctxError(f"{where}.min_tokens={self.min_tokens!r}; expected an int")
         if self.min_tokens < 1:
-            raise ValueError(f"{where}.min_tokens={self.min_tokens}; expected >= 1")
+            raise LongctxError(f"{where}.min_tokens={self.min_tokens}; expected >= 1")
         if not isinstance(self.per_source, bool):
-            raise ValueError(f"{where}.per_source={self.per_source!r}; expected true or false")
+            raise LongctxError(f"{where}.per_source={self.per_source!r}; expected true or false")
 
 
 def check_mix_settings(tasks, seed, documents, min_length, max_length) -> list[str]:
@@ -70,7 +71,7 @@ def check_counts(documents, seed, val_documents) -> None:
         ("documents", documents, 1), ("seed", seed, 0), ("val_documents", val_documents, 0)
     ):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name}={value!r}; expected an int >= {least}")
+            raise LongctxError(f"{name}={value!r}; expected an int >= {least}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,14 +100,14 @@ class Synthesized:
         unknown = sorted(set(entry) - set(fields))
         if unknown or "tasks" not in entry:
             what = f"unknown key {unknown[0]!r}" if unknown else "no tasks"
-            raise ValueError(
+            raise LongctxError(
                 f"DataConfig.{where}={entry!r}: {what}; expected a folder, 'embedded', or the "
                 f"settings of a synthesized mix ({', '.join(fields)})"
             )
         try:
             return cls(**entry)
-        except ValueError as err:
-            raise ValueError(f"DataConfig.{where}: {err}") from err
+        except LongctxError as err:
+            raise LongctxError(f"DataConfig.{where}: {err}") from err
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,14 +138,14 @@ class MqarCorpus:
         settings = entry["mqar"]
         fields = [f.name for f in dataclasses.fields(cls)]
         if len(entry) != 1 or not isinstance(settings, dict) or set(settings) - set(fields):
-            raise ValueError(
+            raise LongctxError(
                 f"DataConfig.{where}={entry!r}; expected {{mqar: {{...}}}} with keys among "
                 f"{', '.join(fields)}"
             )
         try:
             return cls(**settings)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"DataConfig.{where}: {err}") from err
+        except (TypeError, LongctxError) as err:
+            raise LongctxError(f"DataConfig.{where}: {err}") from err
 
 
 LOSS_TOKENS = ("all", "answers")
@@ -202,7 +203,7 @@ class DataConfig:
             self.shards = [_shard(entry, f"shards[{i}]") for i, entry in enumerate(self.shards)]
         self.stages = _stages(self.stages)
         if self.loss_tokens not in LOSS_TOKENS:
-            raise ValueError(
+            raise LongctxError(
                 f"DataConfig.loss_tokens={self.loss_tokens!r}; expected one of {LOSS_TOKENS}"
             )
         if isinstance(self.length_upsampling, dict):  # Hydra hands nested configs over as dicts
@@ -265,7 +266,7 @@ def _stages(stages: Any) -> list[Stage] | None:
     if stages is None:
         return None
     if isinstance(stages, dict | str) or not hasattr(stages, "__iter__"):
-        raise ValueError(
+        raise LongctxError(
             f"DataConfig.stages={stages!r}; expected a list of "
             "{until_step, seq_len, micro_batch_size} entries"
         )
@@ -273,7 +274,7 @@ def _stages(stages: Any) -> list[Stage] | None:
     for i, entry in enumerate(stages):
         stage = Stage(**entry) if isinstance(entry, dict) else entry
         if not isinstance(stage, Stage):
-            raise ValueError(
+            raise LongctxError(
                 f"DataConfig.stages[{i}]={entry!r}; expected {{until_step, seq_len, "
                 "micro_batch_size}"
             )
@@ -282,7 +283,7 @@ def _stages(stages: Any) -> list[Stage] | None:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
             _require(ok, f"stages[{i}].{name}", value, "an int >= 1")
         if out and stage.until_step <= out[-1].until_step:
-            raise ValueError(
+            raise LongctxError(
                 f"DataConfig.stages[{i}].until_step={stage.until_step}; expected more than "
                 f"stages[{i - 1}].until_step={out[-1].until_step} (stages in increasing step order)"
             )
@@ -297,7 +298,7 @@ def _shard(entry: Any, where: str) -> str | Synthesized | MqarCorpus:
     if isinstance(entry, dict):
         return Synthesized.from_entry(entry, where)
     if not isinstance(entry, str | os.PathLike | Synthesized | MqarCorpus):
-        raise ValueError(
+        raise LongctxError(
             f"DataConfig.{where}={entry!r}; expected a folder, 'embedded', or the settings of a "
             "synthesized mix"
         )
@@ -309,7 +310,7 @@ def _check_tokenizer_name(name: Any) -> None:
     if name is None or name in TOKENIZER_NAMES:
         return
     if not isinstance(name, str) or not os.path.isdir(name):
-        raise ValueError(
+        raise LongctxError(
             f"DataConfig.tokenizer={name!r}; expected one of {', '.join(TOKENIZER_NAMES)} or a "
             "local tokenizer folder"
         )
@@ -321,4 +322,4 @@ def _is_number(value: Any) -> bool:
 
 def _require(ok: bool, name: str, value, expected: str) -> None:
     if not ok:
-        raise ValueError(f"DataConfig.{name}={value!r}; expected {expected}")
+        raise LongctxError(f"DataConfig.{name}={value!r}; expected {expected}")

@@ -45,6 +45,7 @@ from longctx.data.shards import (
 )
 from longctx.data.sources import describe_source, is_validation
 from longctx.data.tokenizer import load_tokenizer
+from longctx.errors import LongctxError
 from longctx.io import remove_temp_files
 
 FORMATS = ("megatron", "datatrove", "hf")
@@ -86,7 +87,7 @@ def convert(
 ) -> Manifest:
     """Convert ``src`` into a prepared folder ``out_dir``; returns its manifest."""
     if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction={val_fraction}; expected 0 <= val_fraction < 1")
+        raise LongctxError(f"val_fraction={val_fraction}; expected 0 <= val_fraction < 1")
     source = open_source(Path(src), format, document_length, split)
     described = [describe_source(f) for f in source.files]
     key = [[d.sha256 for d in described], source.format, vocab.spec, vocab.eos_id, vocab.pad_id]
@@ -141,14 +142,14 @@ def _copy(source, out, vocab, dtype, source_sha, val_fraction, shard_tokens):
         _digest(digests[name], doc)
         writers[name].add(doc)
     if source.declared_tokens is not None and read != source.declared_tokens:
-        raise ValueError(
+        raise LongctxError(
             f"{source.files[0]}: the source declares {source.declared_tokens} tokens, its "
             f"documents hold {read}; the index disagrees with the token file"
         )
     progress.close()
     splits = {name: w.close() for name, w in writers.items()}
     if not any(s.documents for s in splits.values()):
-        raise ValueError(f"{source.files[0]} holds no non-empty documents")
+        raise LongctxError(f"{source.files[0]} holds no non-empty documents")
     check_val_split(splits, val_fraction, source.files[0])
     return splits, digests, skipped
 
@@ -157,7 +158,7 @@ def _check_ids(doc: np.ndarray, vocab_size: int, source: TokenSource, number: in
     low, high = int(doc.min()), int(doc.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
-        raise ValueError(
+        raise LongctxError(
             f"{source.files[0]}: document {number} holds token id {bad}, outside the stated "
             f"vocabulary [0, {vocab_size}); expected --vocab-size / --tokenizer to cover the ids"
         )
@@ -189,9 +190,9 @@ def open_source(
 ) -> TokenSource:
     format = format or detect_format(src)
     if format not in FORMATS:
-        raise ValueError(f"--format {format!r}; expected one of {FORMATS}")
+        raise LongctxError(f"--format {format!r}; expected one of {FORMATS}")
     if document_length is not None and document_length < 1:
-        raise ValueError(f"--document-length {document_length}; expected >= 1")
+        raise LongctxError(f"--document-length {document_length}; expected >= 1")
     if format == "megatron":
         return megatron_source(src)
     if format == "datatrove":
@@ -206,7 +207,7 @@ def detect_format(src: Path) -> str:
         return "datatrove"
     if src.is_dir() and ((src / "state.json").is_file() or (src / "dataset_dict.json").is_file()):
         return "hf"
-    raise ValueError(
+    raise LongctxError(
         f"{src}: not a Megatron prefix/.bin/.idx, a datatrove .ds file or folder, or a "
         f"datasets save_to_disk folder; expected one of them, or --format {FORMATS}"
     )
@@ -227,24 +228,24 @@ def read_megatron_index(path: Path) -> MegatronIndex:
     with open(path, "rb") as f:
         data = f.read(34)
     if data[:9] != MEGATRON_HEADER:
-        raise ValueError(
+        raise LongctxError(
             f"{path}: starts with {data[:9]!r}; expected {MEGATRON_HEADER!r} (a Megatron "
             "MMapIndexedDataset index)"
         )
     if len(data) < 34:
-        raise ValueError(f"{path}: {len(data)} bytes, shorter than the 34-byte header")
+        raise LongctxError(f"{path}: {len(data)} bytes, shorter than the 34-byte header")
     (version,) = struct.unpack_from("<Q", data, 9)
     (code,) = struct.unpack_from("<B", data, 17)
     sequences, documents = struct.unpack_from("<QQ", data, 18)
     if version != 1:
-        raise ValueError(f"{path}: index version {version}; expected 1")
+        raise LongctxError(f"{path}: index version {version}; expected 1")
     if code not in MEGATRON_DTYPES:
-        raise ValueError(
+        raise LongctxError(
             f"{path}: dtype code {code}; expected an integer code {sorted(MEGATRON_DTYPES)}"
         )
     size, actual = 34 + sequences * 12 + documents * 8, path.stat().st_size
     if actual not in (size, size + sequences):
-        raise ValueError(
+        raise LongctxError(
             f"{path}: {actual} bytes, but its header ({sequences} sequences, {documents} "
             f"document indices) needs {size}; the index is truncated or corrupt"
         )
@@ -288,19 +289,19 @@ def _check_megatron(index: MegatronIndex, idx_path: Path, bin_path: Path) -> Non
     bad = np.flatnonzero(index.pointers != expected)
     if (index.sizes < 0).any() or len(bad):
         where = int(bad[0]) if len(bad) else int(np.flatnonzero(index.sizes < 0)[0])
-        raise ValueError(
+        raise LongctxError(
             f"{idx_path}: sequence {where} has pointer {int(index.pointers[where])} and size "
             f"{int(index.sizes[where])}, expected pointer {int(expected[where])}; the index "
             f"disagrees with its token file {bin_path}"
         )
     if bin_path.stat().st_size != total:
-        raise ValueError(
+        raise LongctxError(
             f"{idx_path}: its sequences hold {total} bytes of {index.dtype.name}, but "
             f"{bin_path} has {bin_path.stat().st_size}; the index disagrees with its token file"
         )
     d = index.doc_idx
     if len(d) < 1 or d[0] != 0 or d[-1] != len(index.sizes) or (np.diff(d) < 0).any():
-        raise ValueError(
+        raise LongctxError(
             f"{idx_path}: document indices {d[:3].tolist()}...{d[-3:].tolist()} do not rise "
             f"from 0 to the sequence count {len(index.sizes)}; the index is corrupt"
         )
@@ -315,13 +316,13 @@ def datatrove_source(src: Path, document_length: int | None) -> TokenSource:
     for ds in files:
         size, count = _datatrove_metadata(ds)
         if ds.stat().st_size != count * size:
-            raise ValueError(
+            raise LongctxError(
                 f"{ds}: {ds.stat().st_size} bytes, but {ds}.metadata says {count} tokens of "
                 f"{size} bytes; the token file is truncated or not this metadata's"
             )
         index = Path(f"{ds}.index")
         if not index.is_file() and document_length is None:
-            raise ValueError(
+            raise LongctxError(
                 f"{ds}: no {index.name}, so no document boundaries (document masking needs "
                 "them); pass --document-length L to declare fixed-length documents of L tokens"
             )
@@ -349,11 +350,11 @@ def _datatrove_metadata(ds: Path) -> tuple[int, int]:
     try:
         size, count = int(lines[0].rsplit("|", 1)[1]), int(lines[1])
     except (IndexError, ValueError) as err:
-        raise ValueError(
+        raise LongctxError(
             f"{path}: {lines[:2]}; expected 'tokenizer|token size' and a count"
         ) from err
     if size not in (2, 4):
-        raise ValueError(f"{path}: token size {size}; expected 2 or 4 bytes")
+        raise LongctxError(f"{path}: token size {size}; expected 2 or 4 bytes")
     return size, count
 
 
@@ -364,12 +365,12 @@ def _datatrove_bounds(ds: Path, tokens: int, document_length: int | None):
         return zip(starts, np.minimum(starts + document_length, tokens), strict=True)
     ends = np.fromfile(index, dtype="<u8").astype(np.int64)
     if len(ends) and ((np.diff(ends) < 0).any() or ends[0] < 0 or ends[-1] != tokens):
-        raise ValueError(
+        raise LongctxError(
             f"{index}: document ends {ends[:3].tolist()}...{ends[-3:].tolist()} do not rise "
             f"to the {tokens} tokens of {ds}; the index disagrees with its token file"
         )
     if not len(ends) and tokens:
-        raise ValueError(f"{index} is empty but {ds} holds {tokens} tokens; the index disagrees")
+        raise LongctxError(f"{index} is empty but {ds} holds {tokens} tokens; the index disagrees")
     return zip(np.concatenate([[0], ends[:-1]]), ends, strict=True)
 
 
@@ -380,14 +381,14 @@ def hf_source(src: Path, split: str | None) -> TokenSource:
     dataset = load_from_disk(str(src))
     if isinstance(dataset, DatasetDict):
         if split not in dataset:
-            raise ValueError(
+            raise LongctxError(
                 f"{src} is a DatasetDict with splits {sorted(dataset)}; pass --split NAME"
             )
         dataset = dataset[split]
     elif split is not None:
-        raise ValueError(f"--split {split!r}, but {src} is a single Dataset (no splits)")
+        raise LongctxError(f"--split {split!r}, but {src} is a single Dataset (no splits)")
     if "input_ids" not in dataset.column_names:
-        raise ValueError(
+        raise LongctxError(
             f"{src} has columns {dataset.column_names}; expected an 'input_ids' column"
         )
     files = [Path(f["filename"]) for f in dataset.cache_files]
@@ -396,7 +397,7 @@ def hf_source(src: Path, split: str | None) -> TokenSource:
         for batch in dataset.with_format("arrow").iter(batch_size=4096):
             column = batch.column("input_ids").combine_chunks()
             if column.null_count:
-                raise ValueError(f"{src}: a row of 'input_ids' is null; expected a token list")
+                raise LongctxError(f"{src}: a row of 'input_ids' is null; expected a token list")
             offsets = column.offsets.to_numpy()
             values = column.values.to_numpy(zero_copy_only=False)
             for a, b in zip(offsets[:-1], offsets[1:], strict=True):
@@ -412,15 +413,15 @@ def vocabulary(
     """From a local tokenizer folder (what eval decodes with), or stated ids."""
     if tokenizer is not None:
         if vocab_size is not None or eos_id is not None:
-            raise ValueError("--tokenizer gives the vocabulary; drop --vocab-size / --eos-id")
+            raise LongctxError("--tokenizer gives the vocabulary; drop --vocab-size / --eos-id")
         tok = load_tokenizer(tokenizer)
         return Vocabulary(int(tok.vocab_size), int(tok.eos_id), int(tok.pad_id), tok.spec)
     if vocab_size is None or eos_id is None:
-        raise ValueError("expected --tokenizer FOLDER, or both --vocab-size and --eos-id")
+        raise LongctxError("expected --tokenizer FOLDER, or both --vocab-size and --eos-id")
     pad_id = eos_id if pad_id is None else pad_id
     for what, value in (("eos-id", eos_id), ("pad-id", pad_id)):
         if not 0 <= value < vocab_size:
-            raise ValueError(f"--{what} {value}; expected 0 <= id < --vocab-size {vocab_size}")
+            raise LongctxError(f"--{what} {value}; expected 0 <= id < --vocab-size {vocab_size}")
     spec = {"kind": "external", "name": name, "vocab_size": vocab_size}
     return Vocabulary(vocab_size, eos_id, pad_id, spec)
 

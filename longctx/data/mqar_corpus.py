@@ -34,6 +34,7 @@ from longctx.data.shards import (
     staged_folder,
     write_manifest,
 )
+from longctx.errors import LongctxError
 from longctx.synthetic.mqar import EOS, FILLER, KIND, MqarSpec, MqarVocab, tokenizer_spec
 
 SHARD_TOKENS = 1 << 24
@@ -50,7 +51,7 @@ def write_corpus(
     check_counts(documents, seed, val_documents)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out {out} is not a new or empty folder; choose another")
+        raise LongctxError(f"--out {out} is not a new or empty folder; choose another")
     options = {
         "kind": KIND, "spec": dataclasses.asdict(spec), "documents": documents, "seed": seed,
         "val_documents": val_documents,
@@ -85,7 +86,7 @@ def corpus_spec(folder: str | Path) -> MqarSpec:
     manifest = load_manifest(folder)
     sources = manifest.sources
     if manifest.tokenizer.get("kind") != KIND or len(sources) != 1 or "spec" not in sources[0]:
-        raise ValueError(
+        raise LongctxError(
             f"{folder} is not an MQAR corpus (its tokenizer is {manifest.tokenizer.get('kind')!r});"
             " expected a folder written by python -m longctx.data.mqar_corpus"
         )
@@ -110,7 +111,7 @@ def mqar_dir(corpus: MqarCorpus, cache_dir: str | Path | None = None) -> Path:
     def check(out: Path) -> None:
         recorded = load_manifest(out).sources
         if len(recorded) != 1 or recorded[0].get("spec") != dataclasses.asdict(corpus.spec()):
-            raise ValueError(f"{out} holds another MQAR corpus ({recorded}); remove it")
+            raise LongctxError(f"{out} holds another MQAR corpus ({recorded}); remove it")
 
     return written_once(cache_dir, name, write, check)
 

@@ -35,6 +35,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from longctx.batch import IGNORE_INDEX, PackedBatch, position_ids_for
+from longctx.errors import LongctxError
 
 PAD_DOC = -1  # the document index of a pad piece
 # A piece of a row: (document index, start offset in the document, length).
@@ -397,7 +398,7 @@ def make_packer(
             seq_len, pad_id=pad_id, buffer_size=buffer_size, seed=seed, bos_id=bos_id
         )
     else:
-        raise ValueError(f"unknown packer {name!r}; expected one of 'concat_chunk', 'best_fit'")
+        raise LongctxError(f"unknown packer {name!r}; expected one of 'concat_chunk', 'best_fit'")
     return packer if answer_keys is None else AnswersOnly(packer, answer_keys)
 
 
@@ -464,19 +465,21 @@ def collate_rows(
 # --------------------------------------------------------------------------- checks
 def _check_positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name}={value!r}; expected an integer >= 1")
+        raise LongctxError(f"{name}={value!r}; expected an integer >= 1")
 
 
 def _checked_document(document, index: int) -> np.ndarray:
     document = np.asarray(document)
     if document.ndim != 1:
-        raise ValueError(f"document {index} has shape {document.shape}; expected a 1-D token array")
+        raise LongctxError(
+            f"document {index} has shape {document.shape}; expected a 1-D token array"
+        )
     if document.dtype.kind not in "iu":
-        raise ValueError(
+        raise LongctxError(
             f"document {index} has dtype {document.dtype}; expected an integer token dtype"
         )
     if len(document) == 0:
-        raise ValueError(f"document {index} is empty; expected at least one token (its EOS)")
+        raise LongctxError(f"document {index} is empty; expected at least one token (its EOS)")
     return document
 
 

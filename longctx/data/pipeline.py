@@ -41,6 +41,7 @@ from longctx.data.shards import (
 )
 from longctx.data.sources import Source, documents_of_task, is_validation
 from longctx.data.tokenizer import Tokenizer
+from longctx.errors import LongctxError
 from longctx.io import atomic_write_bytes, remove_temp_files
 
 
@@ -109,7 +110,7 @@ class TokenizeDocuments(PipelineStep):
         for doc in data:
             ids = np.asarray(tok.encode(doc.text))
             if len(ids) and (ids.min() < 0 or ids.max() >= tok.vocab_size):
-                raise ValueError(
+                raise LongctxError(
                     f"document {doc.id!r}: tokenizer returned id {int(ids.max())} outside "
                     f"[0, {tok.vocab_size})"
                 )
@@ -267,7 +268,7 @@ def check_slurm_reachable(partition: str) -> None:
         )
     partitions = sorted(set(proc.stdout.split()))
     if partition not in partitions:
-        raise ValueError(
+        raise LongctxError(
             f"--partition {partition!r}: no such SLURM partition; sinfo lists {partitions}"
         )
 

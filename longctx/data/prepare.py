@@ -59,6 +59,7 @@ from longctx.data.shards import (
 )
 from longctx.data.sources import Source, describe_source, expand_inputs, task_range
 from longctx.data.tokenizer import Tokenizer, load_tokenizer
+from longctx.errors import LongctxError
 from longctx.io import atomic_write_bytes
 
 __all__ = ["PrepareTaskFailed", "SlurmOptions", "prepare"]
@@ -146,7 +147,7 @@ def _commit(out: Path, manifest: Manifest, sources: list[Source], work: Path) ->
     """Write the manifest (the commit point) once the tasks' shards are checked, then drop the
     shards it does not list."""
     if manifest.splits["train"].documents + manifest.splits["val"].documents == 0:
-        raise ValueError(f"inputs {[s.path for s in sources]} hold no non-empty documents")
+        raise LongctxError(f"inputs {[s.path for s in sources]} hold no non-empty documents")
     where = ", ".join(str(s.path) for s in sources)
     check_val_split(manifest.splits, manifest.val_fraction, where)
     if not shard_files_intact(out, manifest):
@@ -209,16 +210,16 @@ def _remove_unlisted_shards(out: Path, manifest: Manifest) -> None:
 
 def _check_options(val_fraction, shard_tokens, tasks, workers, executor, slurm):
     if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction={val_fraction}; expected 0 <= val_fraction < 1")
+        raise LongctxError(f"val_fraction={val_fraction}; expected 0 <= val_fraction < 1")
     if shard_tokens < 1:
-        raise ValueError(f"shard_tokens={shard_tokens}; expected >= 1")
+        raise LongctxError(f"shard_tokens={shard_tokens}; expected >= 1")
     for name, value in (("tasks", tasks), ("workers", workers)):
         if value is not None and value < 1:
-            raise ValueError(f"{name}={value}; expected >= 1 (or None for the CPU count)")
+            raise LongctxError(f"{name}={value}; expected >= 1 (or None for the CPU count)")
     if executor not in EXECUTORS:
-        raise ValueError(f"executor={executor!r}; expected one of {EXECUTORS}")
+        raise LongctxError(f"executor={executor!r}; expected one of {EXECUTORS}")
     if executor == "slurm" and slurm is None:
-        raise ValueError("executor='slurm' needs slurm=SlurmOptions(partition=...)")
+        raise LongctxError("executor='slurm' needs slurm=SlurmOptions(partition=...)")
     cpus = os.cpu_count() or 1
     tasks = tasks or workers or cpus
     return tasks, min(workers or cpus, tasks)

@@ -17,6 +17,7 @@ from longctx.data.mqar_corpus import mqar_dir
 from longctx.data.shards import load_manifest
 from longctx.data.synthesize import synthesized_dir
 from longctx.data.tokenizer import data_tokenizer
+from longctx.errors import LongctxError
 
 
 def data_folders(config: DataConfig) -> list[Path]:
@@ -24,7 +25,7 @@ def data_folders(config: DataConfig) -> list[Path]:
     corpus, a Synthesized entry a synthesized mix), or the embedded corpus alone (both
     prepared on first use)."""
     if config.shards is not None and not config.shards:
-        raise ValueError("DataConfig.shards=[]; expected prepared folders or None")
+        raise LongctxError("DataConfig.shards=[]; expected prepared folders or None")
     entries = [EMBEDDED] if config.shards is None else config.shards
     return [shard_folder(entry, config.cache_dir, config.tokenizer) for entry in entries]
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from longctx.errors import LongctxError
 from longctx.io import atomic_file, atomic_write_bytes
 
 FORMAT_VERSION = 1
@@ -35,7 +36,7 @@ SPLITS = ("train", "val")
 PREPARED_MARKER = ".longctx-prepare"
 
 
-class ManifestError(ValueError):
+class ManifestError(LongctxError):
     """A manifest that cannot be read: its path and the offending key are in the message."""
 
 
@@ -142,7 +143,7 @@ def check_val_split(splits: dict[str, SplitInfo], val_fraction: float, where: st
     val, total = splits["val"].documents, splits["train"].documents + splits["val"].documents
     if val_fraction == 0 or val > 0:
         return
-    raise ValueError(
+    raise LongctxError(
         f"{where}: --val-fraction {val_fraction} put 0 of its {total} documents in the "
         f"validation split; pass a larger --val-fraction (about {min(0.5, 3 / total):.2g} "
         "expects 3 of them), or --val-fraction 0 for no validation split"
@@ -171,7 +172,7 @@ def load_manifest(folder: str | Path) -> Manifest:
         ) from err
     manifest = Manifest.from_dict(data, where=str(path))
     if manifest.format_version != FORMAT_VERSION:
-        raise ValueError(
+        raise LongctxError(
             f"{path} has format_version {manifest.format_version}, expected {FORMAT_VERSION}; "
             "prepare the corpus again"
         )
@@ -292,7 +293,7 @@ class ShardSet:
                 f"shard file {path} is missing; {self.folder / MANIFEST_NAME} lists it"
             )
         if path.stat().st_size != size:
-            raise ValueError(
+            raise LongctxError(
                 f"shard file {path} has {path.stat().st_size} bytes, the manifest lists {size}; "
                 "the folder is corrupt: prepare it again"
             )
@@ -301,18 +302,18 @@ class ShardSet:
     def _validate(self, shard: ShardInfo, tokens: np.ndarray, offsets: np.ndarray) -> None:
         where = self.folder / shard.tokens_file
         if len(offsets) != shard.documents + 1 or len(tokens) != shard.tokens:
-            raise ValueError(
+            raise LongctxError(
                 f"{where}: {len(offsets) - 1} documents / {len(tokens)} tokens, "
                 f"manifest lists {shard.documents} / {shard.tokens}"
             )
         if offsets[0] != 0 or offsets[-1] != len(tokens) or (np.diff(offsets) <= 0).any():
-            raise ValueError(
+            raise LongctxError(
                 f"{where}: document offsets are not increasing from 0 to "
                 f"{len(tokens)}; the index is corrupt"
             )
         top = int(tokens.max()) if len(tokens) else -1
         if top >= self.manifest.vocab_size:
-            raise ValueError(
+            raise LongctxError(
                 f"{where} holds token id {top} >= vocab_size "
                 f"{self.manifest.vocab_size} of its manifest; the shard is corrupt"
             )

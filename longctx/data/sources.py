@@ -21,6 +21,8 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from longctx.errors import LongctxError
+
 _HASH_BLOCK = 1 << 20
 
 
@@ -49,7 +51,7 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
             raise FileNotFoundError(f"input {str(item)!r} matches no file")
         files.update(Path(m).resolve() for m in matches)
     if not files:
-        raise ValueError("no inputs given; expected text, .jsonl or .parquet files")
+        raise LongctxError("no inputs given; expected text, .jsonl or .parquet files")
     return sorted(files)
 
 
@@ -109,16 +111,16 @@ def read_documents(source: Source, start: int = 0, end: int | None = None):
 
 
 def decode_text(data: bytes, where: str) -> str:
-    """UTF-8 text or a ValueError naming ``where`` (a binary file is refused, not tokenised)."""
+    """UTF-8 text or a LongctxError naming ``where`` (a binary file is refused, not tokenised)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(
+        raise LongctxError(
             f"{where} is not UTF-8 text (invalid byte 0x{data[err.start]:02x} at offset "
             f"{err.start}); expected UTF-8 text, .jsonl or .parquet input"
         ) from err
     if "\0" in text:
-        raise ValueError(
+        raise LongctxError(
             f"{where} holds NUL bytes (offset {text.index(chr(0))}): a binary file, not text; "
             "expected UTF-8 text, .jsonl or .parquet input"
         )
@@ -163,12 +165,12 @@ def _jsonl_record(line: str, path: Path, line_no: int, sha256: str) -> tuple[str
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
-        raise ValueError(
+        raise LongctxError(
             f"{path}:{line_no} is not valid JSON ({err.msg} at column {err.colno}); "
             'expected one object per line, {"text": "...", "id": optional}'
         ) from err
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise ValueError(
+        raise LongctxError(
             f"{path}:{line_no} has no string 'text' field; expected "
             '{"text": "...", "id": optional}'
         )
@@ -182,10 +184,10 @@ def _read_parquet(path: Path, sha256: str, start: int, end: int) -> Iterator[tup
     parquet = pq.ParquetFile(path)
     names = parquet.schema_arrow.names
     if "text" not in names:
-        raise ValueError(f"{path} has columns {names}; expected a 'text' column")
+        raise LongctxError(f"{path} has columns {names}; expected a 'text' column")
     kind = parquet.schema_arrow.field("text").type
     if not _is_string_type(kind):
-        raise ValueError(f"{path}: column 'text' has type {kind}; expected a string column")
+        raise LongctxError(f"{path}: column 'text' has type {kind}; expected a string column")
     columns = ["text"] + (["id"] if "id" in names else [])
     groups, size = parquet.metadata.num_row_groups, path.stat().st_size
     row = 0
@@ -209,5 +211,5 @@ def _parquet_rows(table, columns, path, sha256, first_row) -> Iterator[tuple[str
     ids = table.column("id").to_pylist() if "id" in columns else [None] * len(texts)
     for row, (text, doc_id) in enumerate(zip(texts, ids, strict=True), first_row):
         if text is None:
-            raise ValueError(f"{path} row {row} has a null 'text'")
+            raise LongctxError(f"{path} row {row} has a null 'text'")
         yield (str(doc_id) if doc_id is not None else f"{sha256[:16]}:{row}"), text

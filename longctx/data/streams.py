@@ -62,6 +62,7 @@ from longctx.batch import PackedBatch
 from longctx.data.config import DataConfig
 from longctx.data.packing import PackedRow, collate_rows, make_packer
 from longctx.data.shards import ShardSet
+from longctx.errors import LongctxError
 
 # 2: global rows consumed and global stream positions (elastic resume); 1 was per rank
 STATE_VERSION = 2
@@ -339,7 +340,7 @@ class StageSchedule:
         for stage, (start, end, config) in enumerate(self._spans()):
             take = min(left, (end - start) * config.micro_batch_size)
             if take % config.micro_batch_size:
-                raise ValueError(
+                raise LongctxError(
                     f"the data state has consumed {rows} rows, which ends inside a micro-batch "
                     f"of stage {stage} (micro_batch_size={config.micro_batch_size})"
                 )
@@ -476,7 +477,7 @@ def check_state_version(state: dict) -> None:
     if version == STATE_VERSION:
         return
     missing = [k for k in ("rows_consumed", "streams") if k not in state]
-    raise ValueError(
+    raise LongctxError(
         f"the checkpoint's data state has version {version}, expected {STATE_VERSION}: it was "
         f"written before elastic resume and lacks {missing or 'the global row order'} (its "
         "positions are per rank, in a row order that depended on the world size), so its data "

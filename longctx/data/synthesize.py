@@ -61,6 +61,7 @@ from longctx.data.shards import (
     write_manifest,
 )
 from longctx.data.tokenizer import load_tokenizer
+from longctx.errors import LongctxError
 from longctx.synthetic import DoesNotFit, Encoder, TaskInputError
 from longctx.synthetic.tasks import TASKS, training_tokens
 
@@ -148,7 +149,7 @@ def holds_only_training_haystacks(folder: str | Path | Synthesized) -> bool:
         return folder.haystack in ("embedded", "noise")
     try:
         sources = load_manifest(folder).sources
-    except (FileNotFoundError, ValueError):  # not a prepared folder: the reader will say so
+    except (FileNotFoundError, LongctxError):  # not a prepared folder: the reader will say so
         return False
     return bool(sources) and all(
         s.get("kind") == KIND and s.get("haystack") in ("embedded", "noise") for s in sources
@@ -175,8 +176,8 @@ def synthesized_dir(
                 spec.max_length, spec.haystack, spec.tokenizer,
                 None if cache_dir is None else str(cache_dir),
             )  # fmt: skip
-        except ValueError as err:  # the mix's settings, in the terms of the config
-            raise ValueError(f"data.shards: the synthesized mix {settings}: {err}") from err
+        except LongctxError as err:  # the mix's settings, in the terms of the config
+            raise LongctxError(f"data.shards: the synthesized mix {settings}: {err}") from err
         train = manifest.splits["train"]
         print(
             f"synthesized {train.documents} documents ({', '.join(spec.tasks)}; seed "
@@ -194,7 +195,7 @@ def _check_synthesized(folder: Path, settings: dict) -> None:
     keys = ("version", "tasks", "seed", "documents", "min_length", "max_length")
     expected = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
     if len(recorded) != 1 or any(recorded[0].get(k) != expected[k] for k in keys):
-        raise ValueError(
+        raise LongctxError(
             f"{folder} holds documents synthesized with other settings ({recorded}); expected "
             f"{ {k: expected[k] for k in keys} }: remove the folder to synthesize it again"
         )

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from longctx.data.cache import cache_root
+from longctx.errors import LongctxError
 from longctx.io import atomic_write_bytes
 
 
@@ -100,7 +101,7 @@ class HFTokenizer:
             token_id = self._tok.token_to_id(name)
             if token_id is not None:
                 return int(token_id)
-        raise ValueError(
+        raise LongctxError(
             f"tokenizer in {self.folder} has no {what} token (looked for {token or candidates}); "
             "expected tokenizer_config.json to name one that is in the vocabulary"
         )
@@ -134,7 +135,7 @@ class HFTokenizer:
         self.__init__(state["folder"])
 
 
-class MissingExtra(ValueError):
+class MissingExtra(LongctxError):
     """An optional dependency is not installed: the message names the extra that brings it."""
 
 
@@ -366,7 +367,7 @@ def load_tokenizer(spec: str | dict | Tokenizer) -> Tokenizer:
             return Llama3Tokenizer()
         if kind == "hf":
             return HFTokenizer(spec["path"])
-        raise ValueError(
+        raise LongctxError(
             f"tokenizer spec {spec!r} has unknown kind; expected 'byte', 'llama3' or 'hf'"
         )
     if isinstance(spec, str | Path):
@@ -388,7 +389,7 @@ def data_tokenizer(name: str | None, folders: list[Path], manifests: list) -> di
     for folder, m in zip(folders[1:], manifests[1:], strict=True):
         ids = (m.tokenizer, m.vocab_size, m.eos_id, m.pad_id)
         if ids != (first.tokenizer, first.vocab_size, first.eos_id, first.pad_id):
-            raise ValueError(
+            raise LongctxError(
                 f"{folder} was prepared with tokenizer {m.tokenizer}, {folders[0]} "
                 f"with {first.tokenizer}; expected one tokenizer for all folders"
             )
@@ -406,7 +407,7 @@ def check_named_tokenizer(
     if not same_tokenizer(name, spec):
         kind = spec.get("kind")
         used = spec.get("path") if kind == "hf" else kind
-        raise ValueError(
+        raise LongctxError(
             f"{folder} was prepared with tokenizer {used!r}, not {what}={str(name)!r}; drop "
             f"{what} (a run's tokenizer is its data's), or prepare the data with --tokenizer "
             f"{name}"
@@ -436,7 +437,7 @@ def tokenizer_source(spec: dict) -> str:
     now = load_tokenizer(spec).spec.get("sha256")  # an unknown kind is refused here
     recorded = spec.get("sha256")
     if recorded is not None and now != recorded:
-        raise ValueError(
+        raise LongctxError(
             f"the tokenizer {source!r} has changed since the data was prepared with it "
             f"(sha256 {str(recorded)[:16]}... then, {str(now)[:16]}... now); restore it, or "
             "prepare the data again"
@@ -458,7 +459,7 @@ def packing_bos_id(add_bos: bool | None, spec: dict) -> int | None:
     if add_bos is False or (add_bos is None and kind != "llama3"):
         return None
     if kind not in _BOS_IDS:
-        raise ValueError(
+        raise LongctxError(
             f"data.add_bos=true with tokenizer {spec.get('path', kind)!r}, which names no BOS; "
             "expected data.add_bos=false or null with a tokenizer folder"
         )
@@ -477,7 +478,7 @@ def _load_fast_tokenizer(folder: Path):
     try:
         return tokenizers.Tokenizer.from_file(str(path))
     except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
-        raise ValueError(
+        raise LongctxError(
             f"{path} cannot be read as a tokenizers tokenizer.json ({' '.join(str(err).split())}); "
             "expected a Hugging Face fast tokenizer saved with save_pretrained()"
         ) from None
