@@ -42,6 +42,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from longctx.errors import LongctxError
 from longctx.model.flops import matmul_params, training_flops
 
 # A swap must lower the pair's maximum by more than this fraction of it (float noise is no gain).
@@ -65,7 +66,7 @@ class RowCost:
         for name in ("linear_per_token", "attention_per_sq_token"):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"RowCost {name}={value!r}; expected a finite number >= 0")
+                raise LongctxError(f"RowCost {name}={value!r}; expected a finite number >= 0")
 
     def cost(self, seq_lens: Sequence[int] | np.ndarray) -> float:
         """One row's cost from its segment lengths (zero padding allowed)."""
@@ -89,12 +90,12 @@ def row_cost_for(config, device, mfu: float) -> RowCost:
     Per GPU of a data-parallel rank; a context-parallel group of c GPUs divides it by c."""
     peak = getattr(device, "peak_flops", None)
     if not _is_number(peak) or not math.isfinite(peak) or peak <= 0:
-        raise ValueError(
+        raise LongctxError(
             f"peak FLOP/s of the device ({peak!r}); expected a finite positive number "
             "(set peak_flops_per_device)"
         )
     if not _is_number(mfu) or not 0 < mfu <= 1:
-        raise ValueError(f"planner.mfu={mfu!r}; expected a fraction in (0, 1]")
+        raise LongctxError(f"planner.mfu={mfu!r}; expected a fraction in (0, 1]")
     one_token = torch.ones(1, 1)
     linear = training_flops(matmul_params(config), 0, 0, 0, one_token)
     attention = training_flops(0, config.head_dim, config.n_heads, config.n_layers, one_token)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from longctx.errors import LongctxError
+
 
 @dataclasses.dataclass(frozen=True)
 class GlobalBatch:
@@ -52,7 +54,7 @@ def resume_accumulation(
             f"the checkpoint's global batch: {saved} -> {now}"
         )
     if not allow_change:
-        raise ValueError(
+        raise LongctxError(
             f"cannot keep the checkpoint's global batch of {saved} on {data_parallel_size} "
             f"data-parallel ranks with micro-batch {micro_batch_rows}: {saved.rows} rows is not "
             f"a multiple of {micro_batch_rows} x {data_parallel_size} = {per_round}; resume on "

@@ -21,6 +21,7 @@ from torch import nn
 
 from longctx.distributed.sharded import load_sharded
 from longctx.dtypes import dtype_named
+from longctx.errors import LongctxError
 
 # loss / token_loss: training and validation; labelled_logits: teacher-forced scoring; prefill /
 # decode: generation from the KV cache
@@ -108,7 +109,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         **kwargs: Any,
     ) -> None:
         if tensor_parallel_size != 1:
-            raise ValueError(
+            raise LongctxError(
                 f"FSDP2Strategy: tensor_parallel_size={tensor_parallel_size}; only 1 (pure "
                 "data parallel FSDP) is implemented"
             )

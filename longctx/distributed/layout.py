@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from longctx.cp_balance import DEFAULT_BALANCE, check_balance, rank_unit
+from longctx.errors import LongctxError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,11 +28,11 @@ class ParallelConfig:
         for name in ("context_parallel", "context_parallel_rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"parallel.{name}={value!r}; expected an integer >= 1")
+                raise LongctxError(f"parallel.{name}={value!r}; expected an integer >= 1")
         try:
             check_balance(self.context_parallel_balance, self.context_parallel_rounds)
-        except ValueError as err:
-            raise ValueError(f"parallel: {err}") from err
+        except LongctxError as err:
+            raise LongctxError(f"parallel: {err}") from err
 
     @property
     def query_chunks(self) -> int:

@@ -40,6 +40,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from longctx.errors import LongctxError
+
 METADATA_FILE = ".metadata"  # torch.distributed.checkpoint's index file in a sharded folder
 
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
@@ -71,11 +73,11 @@ ALLOWED_GLOBALS = frozenset(
 _TORCH_CONSTANT_TYPES = (torch.dtype, torch.layout, torch.memory_format)
 
 
-class UnsafeShardedCheckpoint(ValueError):
+class UnsafeShardedCheckpoint(LongctxError):
     """A sharded checkpoint folder whose index is not plain distributed-checkpoint metadata."""
 
 
-class UnreadableShardedCheckpoint(ValueError):
+class UnreadableShardedCheckpoint(LongctxError):
     """A sharded checkpoint folder whose index or data is missing, empty or truncated."""
 
 
@@ -252,7 +254,7 @@ def load_sharded(state: dict, folder: str | os.PathLike) -> None:
 
 
 def _first_failure(err, folder: Path) -> Exception:
-    """The first rank's exception: ours as it is, any other as a one-line ValueError."""
+    """The first rank's exception: ours as it is, any other as a one-line UnreadableShardedCheckpoint."""
     cause = next(iter(err.failures.values()))[0]
     if isinstance(cause, UnsafeShardedCheckpoint | UnreadableShardedCheckpoint):
         return cause

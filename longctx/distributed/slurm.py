@@ -14,6 +14,8 @@ import shutil
 import socket
 import subprocess
 
+from longctx.errors import LongctxError
+
 # written into the run folder when a job was requeued after a checkpoint: the next start of
 # the same run resumes from checkpoints/last.ckpt (see longctx.runs.checkpoints.auto_resume_path)
 PREEMPTED_MARKER = "PREEMPTED"
@@ -93,19 +95,19 @@ def checked_num_nodes(nodes, partition=None) -> int:
     cluster sets EnforcePartLimits). Unchecked where sinfo cannot reach a cluster."""
     nodes = int(nodes)
     if nodes < 1:
-        raise ValueError(f"trainer.num_nodes={nodes}: must be >= 1")
+        raise LongctxError(f"trainer.num_nodes={nodes}: must be >= 1")
     found = partition_nodes()
     if found is None:
         return nodes
     counts, default = found
     name = partition or default
     if name not in counts:
-        raise ValueError(
+        raise LongctxError(
             f"hydra.launcher.partition={partition}: no such SLURM partition; this cluster has "
             f"{sorted(counts)}"
         )
     if nodes > counts[name]:
-        raise ValueError(
+        raise LongctxError(
             f"trainer.num_nodes={nodes} (hydra.launcher.nodes), but SLURM partition {name!r} has "
             f"only {counts[name]} node(s)"
         )
@@ -121,14 +123,14 @@ def check_allocation(num_nodes: int, devices) -> None:
     nnodes = os.environ.get("SLURM_NNODES") or os.environ.get("SLURM_JOB_NUM_NODES")
     nodelist = os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "?")
     if nnodes is not None and int(nnodes) != int(num_nodes):
-        raise ValueError(
+        raise LongctxError(
             f"trainer.num_nodes={num_nodes}, but this SLURM job runs on {nnodes} node(s) "
             f"({nodelist}); set trainer.num_nodes={nnodes} or allocate {num_nodes} node(s) "
             "(sbatch --nodes, hydra.launcher.nodes)"
         )
     per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "")
     if isinstance(devices, int) and per_node.isdigit() and int(per_node) != devices:
-        raise ValueError(
+        raise LongctxError(
             f"trainer.devices={devices}, but SLURM starts {per_node} task(s) per node "
             f"(--ntasks-per-node) and each task is one device; set trainer.devices={per_node}"
         )
@@ -168,14 +170,14 @@ def check_master_address(world_size: int = 1) -> None:
     try:
         infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as err:
-        raise ValueError(
+        raise LongctxError(
             f"{source}: the rendezvous host does not resolve ({err}); unset it "
             "under SLURM (Lightning takes the first node of the allocation) or fix the name"
         ) from err
     if world_size > 1 and is_first_rank() and not any(map(_is_local, infos)):
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         ips = sorted({info[4][0] for info in infos})
-        raise ValueError(
+        raise LongctxError(
             f"{source} ({', '.join(ips)}) is not an address of node {node}, where global rank "
             f"0 runs and must accept the other {world_size - 1} rank(s) on "
             f"MASTER_PORT={os.environ.get('MASTER_PORT', '(Lightning default)')}: they could "
