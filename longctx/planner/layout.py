@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from longctx.cp_balance import DEFAULT_BALANCE, check_balance
+from longctx.errors import LongctxError
 from longctx.planner.settings import PRECISIONS, PlanError
 
 LENGTH_SAMPLE_ROWS = 128  # rows sampled from a stated length distribution (seeded)
@@ -45,7 +46,7 @@ class RunLayout:
                 raise PlanError(f"{name}={getattr(self, name)}; expected >= 1")
         try:
             check_balance(self.context_parallel_balance, self.context_parallel_rounds)
-        except ValueError as err:
+        except LongctxError as err:
             raise PlanError(str(err)) from err
         if self.doc_length_lognormal is not None:
             median, sigma = self.doc_length_lognormal

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from longctx.errors import LongctxError
 from longctx.model.validation import require_positive
 
 GIB = 2**30
@@ -16,7 +17,7 @@ INTER_NODE_BYTES_PER_S = 45e9
 DEFAULT_MFU = 0.40
 
 
-class PlanError(ValueError):
+class PlanError(LongctxError):
     """A planning input that is missing or cannot work; the message names the key to set."""
 
 

@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from longctx.distributed.sharded import UnreadableShardedCheckpoint, read_dcp_metadata
+from longctx.errors import LongctxError
 from longctx.io import atomic_file
 from longctx.runs.folder import checkpoint_dir, last_checkpoint
 
@@ -33,7 +34,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """A single-file checkpoint; a sharded folder only FSDP2Strategy reads (it does not
         call this), so on another strategy it is refused in one line."""
         if Path(path).is_dir():
-            raise ValueError(
+            raise LongctxError(
                 f"ckpt_path={path} is a sharded checkpoint folder (written by trainer=fsdp), "
                 "which this trainer cannot load; resume it with trainer=fsdp (any number of "
                 "devices), or start a new stage from its weights with model.init_from="
@@ -51,7 +52,7 @@ def existing_checkpoint(path: Path) -> Path | None:
     return None
 
 
-class UnreadableCheckpoint(ValueError):
+class UnreadableCheckpoint(LongctxError):
     """A checkpoint file that is empty, truncated, or not a safe (weights-only) checkpoint."""
 
 
@@ -63,7 +64,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     path = Path(path)
     if path.is_dir():
         try:
-            read_dcp_metadata(path)  # an UnsafeShardedCheckpoint (a ValueError) passes through
+            read_dcp_metadata(path)  # an UnsafeShardedCheckpoint (a LongctxError) passes through
         except UnreadableShardedCheckpoint as err:
             raise UnreadableCheckpoint(str(err)) from err
     file = path / "meta.pt" if path.is_dir() else path

@@ -42,6 +42,7 @@ import socket
 import sys
 from pathlib import Path
 
+from longctx.errors import LongctxError
 from longctx.io import (
     NotAPlainFile,
     atomic_write_text,
@@ -95,7 +96,7 @@ def _mtime(path: Path) -> float:
     return path.stat().st_mtime
 
 
-class RunFolderRefused(ValueError):
+class RunFolderRefused(LongctxError):
     """A run folder longctx will not write into, or (overwrite=true) will not delete."""
 
 
@@ -129,7 +130,7 @@ def check_location(run: Path, root: Path) -> None:
         )
 
 
-class RunFolderBusy(RuntimeError):
+class RunFolderBusy(LongctxError):
     """Another live process is writing this run folder."""
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from longctx.errors import LongctxError
 from longctx.runs.record import CHECKPOINT_KEY, plain
 
 # Every DataConfig field, by what a resume does with it: each is in exactly one of these three
@@ -66,7 +67,7 @@ LATER_IDENTITY_KEYS = ("data.tokenizer", "data.add_bos", "data.loss_tokens")
 RUNTIME_MODEL_KEYS = ("attn_backend", "activation_checkpointing", "loss_chunk_size", "init_from")
 
 
-class ResumeMismatch(ValueError):
+class ResumeMismatch(LongctxError):
     """A resume that would change the run's identity without being allowed to."""
 
 

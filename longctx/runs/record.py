@@ -24,6 +24,7 @@ from typing import Any
 
 import lightning as L
 
+from longctx.errors import LongctxError
 from longctx.runs.checkpoints import existing_checkpoint, read_checkpoint
 from longctx.runs.folder import is_run_folder, last_checkpoint
 
@@ -31,7 +32,7 @@ CHECKPOINT_KEY = "longctx_run"
 HYDRA_CONVERT_MODES = {"all", "none", "partial", "object"}
 
 
-class RecordError(ValueError):
+class RecordError(LongctxError):
     """A checkpoint's run record that is missing or that longctx will not build."""
 
 

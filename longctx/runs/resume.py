@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from longctx.errors import LongctxError
 from longctx.runs.checkpoints import (
     ResumePoint,
     UnreadableCheckpoint,
@@ -56,7 +57,7 @@ FIXED_ON_RESUME = (
 NOT_COMPARED = ("optim.accumulate_grad_batches", "optim.allow_global_batch_change")
 
 
-class ResumeRefused(ValueError):
+class ResumeRefused(LongctxError):
     """This start cannot resume, or cannot start fresh, in this run folder."""
 
 
