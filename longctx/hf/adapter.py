@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
 from longctx.dtypes import dtype_named
+from longctx.errors import LongctxError
 from longctx.hf.folders import CONFIG_FILE, LOCAL_ONLY, check_no_remote_code, check_override_names
 from longctx.model.attention import (
     AttentionMetadata,
@@ -55,7 +56,7 @@ STATEFUL_MODEL_TYPES = frozenset(
 SOFTMAX_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(LongctxError):
     """An HF model longctx cannot train on packed documents without leaking across them."""
 
 
@@ -162,7 +163,7 @@ def _check_call(module, attention_mask, dropout, sliding_window, softcap, ctx, k
     if attention_mask is not None:
         raise ValueError("longctx attention takes no attention_mask: documents come from the batch")
     if dropout:
-        raise ValueError(f"longctx attention implements no attention dropout; got {dropout}")
+        raise LongctxError(f"longctx attention implements no attention dropout; got {dropout}")
     if softcap or kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None:
         raise UnsupportedModelError(
             f"{type(module).__name__} uses attention soft-capping, sinks or a position bias, "
@@ -200,7 +201,7 @@ class HFCausalLM(PackedCausalLM):
         check_supported(hf_model.config)
         check_backend_name(attn_backend)
         if not isinstance(loss_chunk_size, int) or loss_chunk_size < 1:
-            raise ValueError(f"loss_chunk_size={loss_chunk_size!r}; expected a positive int")
+            raise LongctxError(f"loss_chunk_size={loss_chunk_size!r}; expected a positive int")
         head = hf_model.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise UnsupportedModelError(f"{_describe(hf_model.config)} has an lm head with a bias")
@@ -316,7 +317,7 @@ def override_fields(config, overrides: dict) -> None:
 
     for key, value in overrides.items():
         if not hasattr(config, key):
-            raise ValueError(
+            raise LongctxError(
                 f"model.config_overrides.{key} is not a field of {type(config).__name__}; "
                 "expected one of its config.json fields"
             )
@@ -338,7 +339,7 @@ def override_rope(config, rope_theta=None, rope_scaling=None, rope_parameters=No
     new base (or the scaling dict's, or the checkpoint's).
     """
     if rope_scaling is not None and rope_parameters is not None:
-        raise ValueError("config_overrides: give rope_scaling or rope_parameters, not both")
+        raise LongctxError("config_overrides: give rope_scaling or rope_parameters, not both")
     text = config.get_text_config()
     current = dict(text.rope_parameters or {})
     if text.nested_rope_parameter_keys(current):
@@ -440,7 +441,7 @@ class HFModelSpec:
         """Refuse a seq_len the model cannot mask correctly or was not configured for."""
         check_window(self.hf_config, seq_len)
         if seq_len > self.max_seq_len:
-            raise ValueError(
+            raise LongctxError(
                 f"L={seq_len} exceeds max_position_embeddings={self.max_seq_len} of "
                 f"{_describe(self.hf_config)}; raise it (and the RoPE settings) with "
                 "model.config_overrides if the model is meant to train longer"

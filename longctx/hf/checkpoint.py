@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from longctx.errors import LongctxError
 from longctx.hf.folders import CONFIG_FILE
 from longctx.model.config import LlamaConfig
 from longctx.model.rope import RopeScaling
@@ -87,7 +88,7 @@ def check_supported(hf: dict[str, Any]) -> None:
     if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
         problems.append(f"head_dim={head_dim} != hidden_size / num_attention_heads")
     if problems:
-        raise ValueError("unsupported HF Llama config: " + "; ".join(problems))
+        raise LongctxError("unsupported HF Llama config: " + "; ".join(problems))
 
 
 def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
@@ -154,7 +155,7 @@ def read_hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
         return state
     if (path / WEIGHTS_FILE).is_file():
         return load_file(path / WEIGHTS_FILE)
-    raise ValueError(f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
+    raise LongctxError(f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
 
 
 def load_hf(path: str | Path, **overrides: Any):
@@ -164,7 +165,7 @@ def load_hf(path: str | Path, **overrides: Any):
 
     path = Path(path)
     if not (path / CONFIG_FILE).is_file():
-        raise ValueError(f"{path} has no {CONFIG_FILE}; expected a Hugging Face model folder")
+        raise LongctxError(f"{path} has no {CONFIG_FILE}; expected a Hugging Face model folder")
     config = config_from_hf(json.loads((path / CONFIG_FILE).read_text()), **overrides)
     with torch.device("meta"):  # no random init of weights that are about to be overwritten
         model = Llama(config)
@@ -180,7 +181,7 @@ def _from_hf_names(model, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.
     missing = sorted(set(expected) - set(hf_state))
     unexpected = sorted(set(hf_state) - set(expected))
     if missing or unexpected:
-        raise ValueError(
+        raise LongctxError(
             f"HF checkpoint does not match the config: missing keys {missing}, "
             f"unexpected keys {unexpected}"
         )

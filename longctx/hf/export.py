@@ -38,6 +38,7 @@ from longctx.data.tokenizer import (
     check_named_tokenizer,
     tokenizer_source,
 )
+from longctx.errors import LongctxError
 from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.hf.export_tokenizer import write_tokenizer
 from longctx.hf.lengths import max_positions, trained_length
@@ -71,12 +72,14 @@ def export(
     checkpoint, out = Path(checkpoint), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--out {out} exists and is not empty; expected a new folder")
-    stored = read_stored_run(checkpoint, CONFIG_TARGETS)  # the record of the config that trained the weights
+    stored = read_stored_run(
+        checkpoint, CONFIG_TARGETS
+    )  # the record of the config that trained the weights
     config, data = llama_config(stored), stored.data_config()
     tokenizer = run_tokenizer_source(data, tokenizer)
     weights_source(stored.checkpoint, config)  # shapes agree, before anything is allocated
     if tokenizer == "byte" and config.vocab_size < ByteTokenizer.vocab_size:
-        raise ValueError(
+        raise LongctxError(
             f"the byte tokenizer's {ByteTokenizer.vocab_size} ids do not fit the model's "
             f"vocab_size={config.vocab_size}; export a checkpoint trained on byte-tokenized data"
         )

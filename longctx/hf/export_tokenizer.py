@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.data.tokenizer import ByteTokenizer, HFTokenizer, Llama3Tokenizer
+from longctx.errors import LongctxError
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -106,7 +107,7 @@ def write_llama3_tokenizer(folder: Path, model_max_length: int, vocab_size: int)
     BOS a Llama 3 document starts with, as this run's packing did by default)."""
     tok = Llama3Tokenizer()
     if tok.vocab_size > vocab_size:
-        raise ValueError(
+        raise LongctxError(
             f"the tokenizer llama3 has {tok.vocab_size:,} ids, more than the model's "
             f"vocab_size={vocab_size}; export a checkpoint trained on the data it prepared"
         )
@@ -127,7 +128,7 @@ def write_user_tokenizer(
     ids (bos only when its config names one). Refuses a vocabulary the model cannot hold."""
     tok = HFTokenizer(source)  # prepare's own reading: its EOS and pad are the run's
     if tok.vocab_size > vocab_size:
-        raise ValueError(
+        raise LongctxError(
             f"the tokenizer {source} has {tok.vocab_size} ids (added tokens included), more "
             f"than the model's vocab_size={vocab_size}; export a checkpoint trained on the data "
             "it prepared"

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from longctx.errors import LongctxError
+
 CONFIG_FILE = "config.json"
 # the files whose auto_map makes transformers import the folder's own modules
 CODE_MAP_FILES = (CONFIG_FILE, "tokenizer_config.json")
@@ -50,7 +52,7 @@ LOCAL_ATTENTION = frozenset({"eager", "sdpa", "flex_attention"})
 ATTENTION_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal")
 
 
-class RemoteCodeRefused(ValueError):
+class RemoteCodeRefused(LongctxError):
     """A folder that ships model or tokenizer code of its own."""
 
 
@@ -60,10 +62,10 @@ def read_config_json(folder: Path, name: str = CONFIG_FILE) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:  # nested too deep
-        raise ValueError(f"{path} cannot be read as JSON ({err}); expected a transformers "
+        raise LongctxError(f"{path} cannot be read as JSON ({err}); expected a transformers "
                          f"{name}") from None  # fmt: skip
     if not isinstance(data, dict):
-        raise ValueError(f"{path} holds a {type(data).__name__}; expected a JSON object")
+        raise LongctxError(f"{path} holds a {type(data).__name__}; expected a JSON object")
     return data
 
 
@@ -110,13 +112,13 @@ def check_override_names(overrides: dict, where: str = "model.config_overrides")
     any depth (a nested dict is a sub-config's fields)."""
     for key, value in overrides.items():
         if not isinstance(key, str) or key.startswith("_") or key in LOADER_OPTIONS:
-            raise ValueError(
+            raise LongctxError(
                 f"{where}.{key} is a loader option or private key, not a model config field; "
                 "longctx loads local folders only, without their code (a stored or given "
                 "config sets no loader option)"
             )
         if key in LONGCTX_OPTIONS and where == "model.config_overrides":
-            raise ValueError(
+            raise LongctxError(
                 f"{where}.{key} is set by longctx from {LONGCTX_OPTIONS[key]}; set that instead"
             )
         if isinstance(value, dict):

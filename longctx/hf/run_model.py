@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from longctx.errors import LongctxError
 from longctx.hf.weight_source import InitFromError, WeightSource, check_finite_weights, resolve
 from longctx.model import Llama, LlamaConfig
 from longctx.runs.record import StoredRun
@@ -35,19 +36,19 @@ def read_export_record(folder: Path) -> ExportRecord:
     try:
         record = json.loads(path.read_text())
     except (UnicodeDecodeError, ValueError) as err:
-        raise ValueError(
+        raise LongctxError(
             f"{path} cannot be read as JSON ({err}); re-export the checkpoint"
         ) from None
     kinds = {"checkpoint": str, "trained_length": int, "max_position_embeddings": int}
     for key, kind in kinds.items():
         value = record.get(key) if isinstance(record, dict) else None
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise ValueError(
+            raise LongctxError(
                 f"{path} has no valid {key!r} ({value!r}); expected a {kind.__name__} as "
                 "longctx.hf.export writes it (re-export the checkpoint)"
             )
     if record["max_position_embeddings"] < 2:
-        raise ValueError(f"{path}: max_position_embeddings={record['max_position_embeddings']}; "
+        raise LongctxError(f"{path}: max_position_embeddings={record['max_position_embeddings']}; "
                          "expected at least 2 (re-export the checkpoint)")  # fmt: skip
     return ExportRecord(Path(record["checkpoint"]), record["trained_length"],
                         record["max_position_embeddings"])  # fmt: skip
@@ -57,7 +58,7 @@ def llama_config(stored: StoredRun) -> LlamaConfig:
     """The run's model config from its checkpoint's record; only longctx's Llama exports."""
     config = stored.model_config()
     if not config.exports_to_hf:
-        raise ValueError(
+        raise LongctxError(
             f"{stored.checkpoint} was trained with {type(config).__name__}, not longctx's Llama; "
             "a model=hf run's weights are already a transformers model"
         )
@@ -73,7 +74,7 @@ def weights_source(checkpoint: Path, config: LlamaConfig) -> WeightSource:
         source.check(config)
     except InitFromError as err:
         detail = str(err).split(": ", 1)[-1]
-        raise ValueError(
+        raise LongctxError(
             f"{checkpoint}: its run record's model config does not fit its weights ({detail}); "
             "expected a checkpoint and record written together by train.py"
         ) from None

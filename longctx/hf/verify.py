@@ -42,14 +42,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longctx.cli import command, interactive
+from longctx.cli import USER_ERRORS, command, interactive
+from longctx.errors import LongctxError
 from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code
 
 TASK_NAME = "longctx_heldout"
 
 
 class VerifyFailed(ValueError):
-    """The export's logits differ from longctx's beyond the tolerance."""
+    """The export's logits differ from longctx's beyond the tolerance: a finding about the
+    export, not a refusal of the user's input (the command line reports it in one line too)."""
 
 
 @dataclass
@@ -71,7 +73,9 @@ def heldout_documents(data_config, count: int, max_tokens: int) -> HeldOut:
     folder = data_folders(data_config)[0]
     val = ShardSet(folder, "val")
     if val.num_documents == 0:
-        raise ValueError(f"{folder} has no val documents to verify on; prepare it with a val split")
+        raise LongctxError(
+            f"{folder} has no val documents to verify on; prepare it with a val split"
+        )
     tokenizer = load_tokenizer(run_tokenizer(data_config))  # the run's: its data's
     texts, ids = [], []
     for i in range(min(count, val.num_documents)):
@@ -297,7 +301,8 @@ def main(argv: list[str] | None = None) -> Verified:
     return verify(args.folder, args.documents, args.tolerance)
 
 
-cli = command(main)  # the console script and python -m: one-line errors, exit 2
+# the console script and python -m: one-line errors, exit 2, a failed verification among them
+cli = command(main, (*USER_ERRORS, VerifyFailed))
 
 if __name__ == "__main__":
     cli()

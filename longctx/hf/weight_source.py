@@ -34,6 +34,7 @@ from longctx.distributed.sharded import (
     load_sharded,
     read_dcp_metadata,
 )
+from longctx.errors import LongctxError
 from longctx.hf.checkpoint import check_supported, config_from_hf, to_hf_name
 from longctx.hf.folders import CONFIG_FILE
 from longctx.model.config import LlamaConfig
@@ -56,7 +57,7 @@ LONGCTX_PREFIX = "model."  # LongCtxModule.model's parameters in a Lightning sta
 LLAMA_MODULES = {"tok_embeddings", "layers", "norm", "output"}  # Llama's top-level children
 
 
-class InitFromError(ValueError):
+class InitFromError(LongctxError):
     """model.init_from names something that cannot initialise this model."""
 
 
@@ -155,7 +156,7 @@ def _transformers_source(path: Path) -> WeightSource:
     hf = json.loads((path / CONFIG_FILE).read_text())
     try:
         check_supported(hf)
-    except ValueError as err:
+    except LongctxError as err:
         raise InitFromError(f"model.init_from={str(path)!r}: {err}") from err
     files = sorted(path.glob("*.safetensors"))
     if not files:
