@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.errors import LongctxError
 from longctx.eval.documents import document_batches, score_documents
 from longctx.eval.files import EVAL_DIR, HELD_OUT_ANSWERS_CSV, append_rows
 from longctx.synthetic import Encoder, TextHaystack, ood
@@ -39,7 +40,7 @@ def answer_documents(
     their haystack the sentences of ``text``."""
     names = check_tasks(tasks or None, "answer_loss")  # the ood family
     if count < 1:
-        raise ValueError(f"answer documents: count {count}; expected a count >= 1")
+        raise LongctxError(f"answer documents: count {count}; expected a count >= 1")
     enc, haystack = Encoder(tokenizer), TextHaystack(text, "validation")
     docs = []
     for i in range(count):
@@ -48,7 +49,7 @@ def answer_documents(
         units = haystack.units(enc, rng, " ")
         tokens, mask = ood.document(TASKS[name].build, rng, enc, length, units)
         if len(tokens) > length:
-            raise ValueError(
+            raise LongctxError(
                 f"{name} needs {len(tokens)} tokens, more than the row ({length}); score answer "
                 "documents at a longer data.seq_len or leave this callback out"
             )
@@ -94,7 +95,7 @@ class HeldOutAnswerLoss(L.Callback):
     def __init__(self, documents: int = 64, rows_per_batch: int = 2, seed: int = 0,
                  tasks: Sequence[str] | None = None, out_dir: str | None = None) -> None:  # fmt: skip
         if documents < 1 or rows_per_batch < 1:
-            raise ValueError(
+            raise LongctxError(
                 f"documents={documents}, rows_per_batch={rows_per_batch}; expected >= 1"
             )
         self.documents, self.rows_per_batch, self.seed = documents, rows_per_batch, seed

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from longctx.data.shards import ShardSet
+from longctx.errors import LongctxError
 
 
 def unigram_cross_entropy(
@@ -27,7 +28,7 @@ def unigram_cross_entropy(
         total -= float(log_p[doc[1:]].sum())
         n += len(doc) - 1
     if n == 0:
-        raise ValueError("unigram_cross_entropy: the eval documents hold no targets")
+        raise LongctxError("unigram_cross_entropy: the eval documents hold no targets")
     return total / n
 
 

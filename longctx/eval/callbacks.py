@@ -17,6 +17,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from longctx.errors import LongctxError
 from longctx.eval.documents import document_batches, mean_loss, score_documents
 from longctx.eval.files import (
     EVAL_DIR,
@@ -163,7 +164,7 @@ class HeldOutDocumentLoss(L.Callback):
     ) -> None:
         """``num_documents``: the first N of the val split; None scores all of it."""
         if (num_documents is not None and num_documents < 1) or rows_per_batch < 1:
-            raise ValueError(
+            raise LongctxError(
                 f"num_documents={num_documents}, rows_per_batch={rows_per_batch}; expected >= 1"
             )
         self.num_documents, self.rows_per_batch, self.out_dir = (

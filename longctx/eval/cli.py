@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from longctx.cli import command
+from longctx.errors import LongctxError
 from longctx.eval.files import (
     EVAL_DIR,
     EVAL_SUMMARY_JSON,
@@ -76,7 +77,7 @@ def model_state_dict(state: dict, path: Path) -> dict[str, torch.Tensor]:
                 out[key[len(prefix) :]] = value
                 break
     if not out:
-        raise ValueError(
+        raise LongctxError(
             f"{path} has no 'model.*' weights (keys start {list(weights)[:5]}); expected a "
             "checkpoint written by train.py"
         )
@@ -102,8 +103,8 @@ def load_model(stored, model_config, device: str):
 
     try:
         model = model_config.build_from(checkpoint_weights(stored))
-    except ValueError as err:
-        raise ValueError(f"{stored.checkpoint}: {err}") from None
+    except LongctxError as err:
+        raise LongctxError(f"{stored.checkpoint}: {err}") from None
     check_finite_weights(model, f"checkpoint {stored.checkpoint}")  # never scored as a model
     return model.to(device).eval()
 
@@ -234,7 +235,9 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.hf is not None:
         return run_hf(args)
-    stored = read_stored_run(args.checkpoint, CONFIG_TARGETS)  # names the file when missing or unreadable
+    stored = read_stored_run(
+        args.checkpoint, CONFIG_TARGETS
+    )  # names the file when missing or unreadable
     model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
     check_backend(model_config.attn_backend, args.device)
     out = args.out or _default_out(args.checkpoint.resolve())
@@ -296,13 +299,13 @@ def check_backend(name: str, device: str) -> None:
     try:
         torch.device(device)
     except RuntimeError as err:
-        raise ValueError(
+        raise LongctxError(
             f"--device {device} is not a device ({err}); expected cpu or cuda"
         ) from None
     try:
         resolve_backend(name, device)
     except RuntimeError as err:
-        raise ValueError(
+        raise LongctxError(
             f"attention backend {name!r} (--backend, or the run's model.attn_backend) cannot run "
             f"on --device {device}: {err}"
         ) from None

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.errors import LongctxError
 from longctx.eval.position_loss import bucket_of, bucket_starts
 
 RECORD_COLUMNS = ["doc", "bucket_start", "tokens", "loss_sum"]
@@ -114,5 +115,7 @@ def mean_loss(records: Sequence[dict]) -> float:
     """Token-weighted mean loss over records."""
     tokens = sum(r["tokens"] for r in records)
     if not tokens:
-        raise ValueError("no scored tokens in the held-out documents (every document has 1 token?)")
+        raise LongctxError(
+            "no scored tokens in the held-out documents (every document has 1 token?)"
+        )
     return sum(r["loss_sum"] for r in records) / tokens

@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from longctx.errors import LongctxError
 from longctx.eval.documents import document_batches, document_records
 
 
 def check_eval_length(length: int, max_seq_len: int, what: str) -> None:
     """An evaluation length RoPE is configured for (positions < model.max_seq_len)."""
     if length > max_seq_len:
-        raise ValueError(
+        raise LongctxError(
             f"evaluation length {length} ({what}) exceeds model.max_seq_len={max_seq_len}, the "
             "largest position RoPE is configured for; raise model.max_seq_len (extending RoPE "
             "with rope_theta / rope_scaling) or evaluate shorter"
@@ -32,9 +33,9 @@ def check_eval_length(length: int, max_seq_len: int, what: str) -> None:
 
 def check_factor(factor: int) -> None:
     if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
-        raise ValueError(f"factor={factor!r}; expected an int >= 1 (a multiple of seq_len)")
+        raise LongctxError(f"factor={factor!r}; expected an int >= 1 (a multiple of seq_len)")
     if factor & (factor - 1):
-        raise ValueError(
+        raise LongctxError(
             f"factor={factor}; expected a power of two (the report is per octave: 1x, 2x, 4x ...)"
         )
 
@@ -53,7 +54,7 @@ def octave_starts(seq_len: int, factor: int) -> list[int]:
 def default_lengths(max_len: int, min_len: int = 1024) -> list[int]:
     """Powers of two from min(min_len, max_len) up to max_len, plus max_len itself."""
     if max_len < 1:
-        raise ValueError(f"max_len={max_len}; expected >= 1")
+        raise LongctxError(f"max_len={max_len}; expected >= 1")
     out, n = [], min(min_len, max_len)
     while n < max_len:
         out.append(n)
@@ -74,7 +75,7 @@ def load_long_documents(data_config) -> list[np.ndarray]:
     folder = data_config.long_documents
     if folder is None:
         if not held_out_books_unseen(data_config):
-            raise ValueError(
+            raise LongctxError(
                 f"data.long_documents is not set and data.shards={data_config.shards} is not "
                 "the embedded corpus (whose held-out books are the default) or a mix of it with "
                 "synthesized folders; expected a prepared folder of long documents that no "
@@ -83,7 +84,7 @@ def load_long_documents(data_config) -> list[np.ndarray]:
         folder = long_documents_dir(data_config.cache_dir, tokenizer=data_config.tokenizer)
     docs = ShardSet(Path(folder), "train")
     if docs.num_documents == 0:
-        raise ValueError(f"data.long_documents={str(folder)!r} holds no documents")
+        raise LongctxError(f"data.long_documents={str(folder)!r} holds no documents")
     return [docs.document(i) for i in range(docs.num_documents)]
 
 

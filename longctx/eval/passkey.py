@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from longctx.errors import LongctxError
 from longctx.eval.ruler.generate import DEFAULT_DEPTHS, make_instance
 from longctx.eval.ruler.instances import Instance
 from longctx.eval.ruler.scoring import answer_logits, score_instances
@@ -64,7 +65,7 @@ def make_probes(
 ) -> list[PasskeyProbe]:
     """Every (length, depth, sample) probe, in that order; deterministic given the seed."""
     if samples < 1:
-        raise ValueError(f"samples={samples}; expected >= 1")
+        raise LongctxError(f"samples={samples}; expected >= 1")
     return [
         make_probe(tokenizer, n, d, seed, s, digits)
         for n in lengths

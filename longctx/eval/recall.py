@@ -22,6 +22,7 @@ import torch
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.data.packing import PackedRow, collate_rows
+from longctx.errors import LongctxError
 from longctx.model.generate import generate_from_batch
 from longctx.synthetic.mqar import FILLER, MqarDocument, MqarSpec, mqar_document
 
@@ -71,7 +72,7 @@ class RecallRow:
 def pack_documents(rng: np.random.Generator, spec: MqarSpec, length: int) -> list[MqarDocument]:
     """Documents of ``spec`` in order until the next would not fit ``length``."""
     if length < spec.max_doc_len:  # else a row may hold no document at all
-        raise ValueError(
+        raise LongctxError(
             f"rows of {length} tokens are shorter than the longest document "
             f"({spec.max_doc_len}); expected rows at least that long"
         )
@@ -97,7 +98,7 @@ def interference_row(rng: np.random.Generator, spec: MqarSpec, length: int) -> R
         earlier = [_copy(d) for d in docs[:-1]]
         if len(docs) >= 2 and _interfere(rng, spec, earlier, docs[-1]):
             return RecallRow("interference", (*earlier, docs[-1]), (len(docs) - 1,), length)
-    raise ValueError(
+    raise LongctxError(
         f"rows of {length} tokens rarely hold earlier documents with as many pairs as the last "
         f"({INTERFERENCE_TRIES} tries); expected rows several times longer than {spec.max_doc_len}"
     )
