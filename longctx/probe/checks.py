@@ -38,6 +38,7 @@ from torch import Tensor
 
 from longctx.batch import IGNORE_INDEX, PackedBatch, position_ids_for
 from longctx.context_shard import ContextShard
+from longctx.errors import LongctxError
 from longctx.probe.report import Report, Result
 
 CHECKS = ("boundary_loss", "positions", "isolation", "equivalence")
@@ -66,7 +67,7 @@ UNSEEN = torch.iinfo(torch.int64).min  # a row position no shard holds
 Forward = Callable[[PackedBatch], tuple[Tensor, Tensor]]  # batch -> (logits, per-token loss)
 
 
-class NothingToProbe(ValueError):
+class NothingToProbe(LongctxError):
     """Rows that hold one document each: there is no other document a leak could reach."""
 
 
@@ -140,7 +141,7 @@ def check_checks(names: Sequence[str] | None) -> tuple[str, ...]:
         return CHECKS
     unknown = [n for n in names if n not in CHECKS]
     if unknown or not names:
-        raise ValueError(
+        raise LongctxError(
             f"unknown check name ({', '.join(unknown) or 'none given'}); "
             f"choose from {', '.join(CHECKS)}"
         )
@@ -152,7 +153,7 @@ def check_tolerances(tolerances: Mapping[str, float] | None) -> dict[str, float]
     out = {}
     for name, value in (tolerances or {}).items():
         if name not in TOLERANCE_NAMES:
-            raise ValueError(
+            raise LongctxError(
                 f"unknown check name in a tolerance ({name}); tolerances are set for "
                 f"{', '.join(TOLERANCE_NAMES)}"
             )
@@ -161,7 +162,7 @@ def check_tolerances(tolerances: Mapping[str, float] | None) -> dict[str, float]
         except (TypeError, ValueError):
             number = math.nan
         if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
-            raise ValueError(
+            raise LongctxError(
                 f"tolerance {name}={value!r} is not a finite positive number; pass one "
                 f"relative to the outputs' magnitude, e.g. {name}=1e-5"
             )

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from longctx.cli import USER_ERRORS, command
+from longctx.errors import LongctxError
 from longctx.probe.checks import CHECKS, TOLERANCE_NAMES, check_checks, check_tolerances
 
 
@@ -54,7 +55,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.checks = check_checks(args.checks.split(",") if args.checks is not None else None)
     args.tolerances = check_tolerances(dict(_pair(t) for t in args.tolerance))
     if args.batches < 1:
-        raise ValueError(f"--batches ({args.batches}) must be at least 1; pass --batches 1 or more")
+        raise LongctxError(
+            f"--batches ({args.batches}) must be at least 1; pass --batches 1 or more"
+        )
     check_out(args.out)
     return args
 
@@ -81,7 +84,7 @@ def check_out(out: str | None) -> None:
 def _pair(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep:
-        raise ValueError(f"--tolerance ({text}) is not CHECK=VALUE; pass e.g. isolation=1e-6")
+        raise LongctxError(f"--tolerance ({text}) is not CHECK=VALUE; pass e.g. isolation=1e-6")
     return name, value
 
 

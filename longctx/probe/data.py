@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from longctx.data.datamodule import LongCtxDataModule
+from longctx.errors import LongctxError
 from longctx.probe.checks import NothingToProbe, ProbeRows
 
 # micro-batches read per stage, at most, looking for rows that hold two documents or more
@@ -23,7 +24,7 @@ def run_rows(datamodule: LongCtxDataModule, batches: int = 1) -> list[ProbeRows]
             "design; probe the masked arm (data.document_mask=true)"
         )
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-        raise ValueError(f"batches={batches!r}; expected a positive int of micro-batches")
+        raise LongctxError(f"batches={batches!r}; expected a positive int of micro-batches")
     stream = datamodule.train_dataset()
     out = []
     for stage in range(len(stream.schedule.configs)):

@@ -24,6 +24,7 @@ import torch
 
 from longctx.batch import PackedBatch
 from longctx.context_shard import ContextShard
+from longctx.errors import LongctxError
 from longctx.probe.checks import ProbeRows
 
 ENV = "LONGCTX_PROBE_INJECT"
@@ -38,7 +39,7 @@ def injected() -> str | None:
     """The bug named by LONGCTX_PROBE_INJECT, or None."""
     name = os.environ.get(ENV) or None
     if name is not None and name not in BUGS:
-        raise ValueError(f"{ENV}={name!r}; expected one of {', '.join(BUGS)}")
+        raise LongctxError(f"{ENV}={name!r}; expected one of {', '.join(BUGS)}")
     return name
 
 
