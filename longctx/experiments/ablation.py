@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from longctx.data.arms import ARM_ORDER, arm_label
+from longctx.errors import LongctxError
 from longctx.eval.files import EVAL_DIR, HELD_OUT_ANSWERS_CSV, HELD_OUT_DOCUMENTS_CSV
 from longctx.experiments import statistics as st
 from longctx.experiments.sweep_files import read_table, require_runs, run_name, run_settings
@@ -64,7 +65,7 @@ def run_infos(root: str | Path) -> list[RunInfo]:
         name = run_name(folder, Path(root))
         seed = run.get("seed", data.get("seed"))
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"run {name} has seed={seed!r} in its config; expected an int")
+            raise LongctxError(f"run {name} has seed={seed!r} in its config; expected an int")
         infos.append(RunInfo(name, folder, arm, seed, run.get("group"), data.get("seq_len")))
     return infos
 
@@ -81,7 +82,7 @@ def check_comparable(runs: list[RunInfo], allow_mixed: bool = False) -> None:
         values = sorted({str(getattr(r, field)) for r in runs})
         if len(values) > 1 and not allow_mixed:
             detail = ", ".join(f"{r.name}: {getattr(r, field)}" for r in runs)
-            raise ValueError(
+            raise LongctxError(
                 f"runs mix {field} values {values} ({detail}); compare one experiment at one "
                 "length, or pass --allow-mixed to compare them anyway"
             )
@@ -109,7 +110,7 @@ def held_out_frame(runs: list[RunInfo]) -> pd.DataFrame:
 def _check_same_documents(frame: pd.DataFrame) -> None:
     tokens = frame.groupby(["run", "doc"])["tokens"].sum().unstack("run")
     if tokens.isna().any().any() or not (tokens.nunique(axis=1) == 1).all():
-        raise ValueError(
+        raise LongctxError(
             "the runs were scored on different held-out documents (document sets or lengths "
             f"differ: runs {sorted(frame['run'].unique())}); they are not comparable pairwise"
         )

@@ -25,6 +25,7 @@ import pandas as pd
 
 from longctx.cli import command
 from longctx.data.arms import ARM_ORDER, arm_label
+from longctx.errors import LongctxError
 from longctx.eval.files import EVAL_DIR, PASSKEY_ACCURACY_CSV
 from longctx.experiments.ablation import format_summary, per_instance, summarize
 from longctx.experiments.statistics import write_per_instance
@@ -71,7 +72,7 @@ def _toggle(toggles: dict, name: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     if not isinstance(value, bool):
-        raise ValueError(
+        raise LongctxError(
             f"run config has {name}={value!r}; expected a bool (data.{name} of the ablation)"
         )
     return value
@@ -191,7 +192,7 @@ def load_probes(root: str | Path) -> pd.DataFrame:
 def ema(values: Sequence[float], smoothing: float) -> np.ndarray:
     """Debiased exponential moving average (W&B / TensorBoard style); smoothing in [0, 1)."""
     if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"smoothing={smoothing}; expected 0 <= smoothing < 1")
+        raise LongctxError(f"smoothing={smoothing}; expected 0 <= smoothing < 1")
     # adjust=True is the debiasing: each value over the sum of the weights seen so far
     series = pd.Series(values, dtype=float)
     return series.ewm(alpha=1 - smoothing, adjust=True).mean().to_numpy()
@@ -210,7 +211,9 @@ def plot_training_curves(
     fig, ax = _axes(ax)
     data = frame[frame["metric"] == metric]
     if data.empty:
-        raise ValueError(f"no rows for metric {metric!r}; metrics: {sorted(frame.metric.unique())}")
+        raise LongctxError(
+            f"no rows for metric {metric!r}; metrics: {sorted(frame.metric.unique())}"
+        )
     for reset, mask in _variants(data):
         sub = data[(data.reset_position_ids == reset) & (data.document_mask == mask)]
         for _, run in sub.groupby("run"):
@@ -227,13 +230,13 @@ def plot_training_curves(
 def plot_position_loss(frame: pd.DataFrame, kind: str = "doc", step: int | None = None, ax=None):
     """Validation loss by log2 position bucket per variant (kind "abs" or "doc")."""
     if kind not in KIND_NAMES:
-        raise ValueError(f"kind={kind!r}; expected one of {sorted(KIND_NAMES)}")
+        raise LongctxError(f"kind={kind!r}; expected one of {sorted(KIND_NAMES)}")
     fig, ax = _axes(ax)
     data = position_frame(frame, step)
     data = data[data["kind"] == kind]
     if data.empty:
         runs = ", ".join(sorted(map(str, frame["run"].unique()))) or "none"
-        raise ValueError(
+        raise LongctxError(
             f"no per-position loss metrics (val/loss_by_{kind}_pos/*) in the runs ({runs}): "
             "they never validated; train with validation (trainer.val_check_interval)"
         )
@@ -258,7 +261,7 @@ def plot_held_out_bands(positions: pd.DataFrame, ax=None):
     """Held-out loss by in-document position bucket per arm, with its bootstrap CI as a band
     (``positions``: the "positions" records of longctx.experiments.ablation.summarize)."""
     if positions.empty:
-        raise ValueError("no held-out position records to plot")
+        raise LongctxError("no held-out position records to plot")
     fig, ax = _axes(ax)
     for i, (arm, part) in enumerate(positions.groupby("arm", sort=False)):
         part = part.sort_values("bucket_start")
@@ -275,7 +278,7 @@ def plot_held_out_bands(positions: pd.DataFrame, ax=None):
 def plot_retrieval_heatmaps(probes: pd.DataFrame, value: str = "accuracy"):
     """One needle heat map (depth x context length) per variant."""
     if probes.empty:
-        raise ValueError("no passkey probe results (eval/passkey_accuracy.csv) to plot")
+        raise LongctxError("no passkey probe results (eval/passkey_accuracy.csv) to plot")
     variants = _variants(probes)
     fig, axes = plt.subplots(
         1, len(variants), figsize=(4 * len(variants), 3.4), squeeze=False, sharey=True
@@ -352,15 +355,15 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     args = parse_args(argv)
     matplotlib.use("Agg")  # files only, no display
     if (args.folder is None) == (args.wandb is None):
-        raise ValueError(
+        raise LongctxError(
             f"folder={args.folder}, --wandb={args.wandb}; give either a local FOLDER or "
             "--wandb ENTITY/PROJECT (not both)"
         )
     frame = load_wandb(args.wandb, args.group) if args.wandb else load_local(args.folder)
     try:
         figure = ablation_figure(frame, args.title, args.smoothing)
-    except ValueError as err:
-        raise ValueError(f"{args.folder or args.wandb}: {err}") from err
+    except LongctxError as err:
+        raise LongctxError(f"{args.folder or args.wandb}: {err}") from err
     written = [save_figure(figure, args.out)]
     if args.folder:
         written += write_summary(args)

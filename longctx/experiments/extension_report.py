@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from longctx.cli import command
+from longctx.errors import LongctxError
 from longctx.eval.files import (
     EVAL_DIR,
     EVAL_SUMMARY_JSON,
@@ -46,7 +47,7 @@ def arm_name(folder: Path) -> str:
     for part in folder.name.split(","):
         if part.startswith(ARM_KEY):
             return part[len(ARM_KEY) :]
-    raise ValueError(f"{folder} is not a context_extension arm (no {ARM_KEY}... in its name)")
+    raise LongctxError(f"{folder} is not a context_extension arm (no {ARM_KEY}... in its name)")
 
 
 def arm_results(folder: Path) -> dict:
@@ -102,7 +103,7 @@ def paired_differences(
             if other.instances != base.instances or not np.array_equal(
                 other.weights[0], base.weights[0]
             ):
-                raise ValueError(
+                raise LongctxError(
                     f"{arm} ({sorted(map(str, folders.values()))[0]}): its long documents are "
                     f"not {BASELINE}'s; re-evaluate"
                 )

@@ -23,6 +23,7 @@ import numpy as np
 
 from longctx.cli import command
 from longctx.data.config import MqarCorpus
+from longctx.errors import LongctxError
 from longctx.eval.cli import load_model
 from longctx.eval.files import write_json, write_rows
 from longctx.eval.recall import (
@@ -86,9 +87,9 @@ def trained_spec(run, data) -> MqarSpec:
     if len(entries) == 1 and isinstance(entries[0], str) and entries[0] != EMBEDDED:
         try:
             return corpus_spec(entries[0])
-        except (ValueError, FileNotFoundError) as err:
-            raise ValueError(f"{run}: data.shards={entries!r}: {err}") from None
-    raise ValueError(
+        except (LongctxError, FileNotFoundError) as err:
+            raise LongctxError(f"{run}: data.shards={entries!r}: {err}") from None
+    raise LongctxError(
         f"{run} was trained on data.shards={entries!r}; expected one MQAR corpus "
         "(data.shards=[{mqar: {...}}], as experiment=recall, or an MQAR folder)"
     )
@@ -168,10 +169,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--generate", nargs="*", default=[], choices=CONDITIONS)
     args = parser.parse_args(argv)
     if min(args.rows, args.docs) < 0 or args.rows + args.docs == 0:
-        raise ValueError(f"--rows {args.rows} --docs {args.docs}; expected counts >= 0, not both 0")
+        raise LongctxError(
+            f"--rows {args.rows} --docs {args.docs}; expected counts >= 0, not both 0"
+        )
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; expected a folder for the scores")
+        raise LongctxError(f"--out {out} is a file; expected a folder for the scores")
     for run in args.runs:
         rows, meta = score_run(run, args)
         name = args.name or Path(run).name

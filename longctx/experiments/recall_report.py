@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from longctx.cli import command
+from longctx.errors import LongctxError
 from longctx.eval.recall import CONDITIONS
 from longctx.experiments.statistics import (
     arm_sample,
@@ -55,14 +56,14 @@ def read_scores(folder: Path):
 
     files = sorted(Path(folder).glob("*.csv"))
     if not files:
-        raise ValueError(
+        raise LongctxError(
             f"{folder} holds no <run>.csv; expected python -m longctx.experiments.recall's"
         )
     frames = []
     for f in files:
         frame = read_table(f, numeric=NUMERIC, text=TEXT)
         if not np.isin(frame["correct"], (0, 1)).all():
-            raise ValueError(f"{f}: column 'correct' holds values other than 0 and 1")
+            raise LongctxError(f"{f}: column 'correct' holds values other than 0 and 1")
         frames.append(frame.assign(run=f.stem))
     frame = pd.concat(frames, ignore_index=True)
     frame["arm"] = [ARMS[(bool(m), bool(r))] for m, r in

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from longctx.cli import command
+from longctx.errors import LongctxError
 from longctx.eval.files import EVAL_DIR, RULER_RESULTS_CSV, RULER_SUMMARY_JSON
 from longctx.eval.ruler.effective_length import relative_effective_length, ruler_effective_length
 from longctx.eval.ruler.generate import chance
@@ -74,7 +75,7 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
     from longctx.experiments.sweep_files import find_runs, read_table, run_settings
 
     if arm_by not in ARM_BY:
-        raise ValueError(f"--arm-by {arm_by!r}; expected one of {ARM_BY}")
+        raise LongctxError(f"--arm-by {arm_by!r}; expected one of {ARM_BY}")
     frames = []
     for folder in find_runs(root):
         path = next((folder / r for r in RESULTS if (folder / r).is_file()), None)
@@ -105,7 +106,7 @@ def instance_seed(path: Path) -> int:
     settings = summary.get("settings") if isinstance(summary, dict) else None
     seed = settings.get("instance_seed") if isinstance(settings, dict) else None
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(
+        raise LongctxError(
             f"{path} has no integer settings.instance_seed ({seed!r}); expected the ruler.json "
             "python -m longctx.eval --suite ruler writes"
         )
@@ -160,7 +161,7 @@ def ordered(arms, arm_by: str, control: str | None) -> list[str]:
     first = control or ("unchanged" if arm_by == "rope_arm" else None)
     if first is not None:
         if first not in arms:
-            raise ValueError(f"control arm {first!r} is not in the sweep's arms {arms}")
+            raise LongctxError(f"control arm {first!r} is not in the sweep's arms {arms}")
         arms = [first] + [a for a in arms if a != first]
     return arms
 

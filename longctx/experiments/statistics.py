@@ -28,12 +28,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from longctx.errors import LongctxError
+
 CONFIDENCE = 0.95
 # cells of one [chunk, seeds, instances] gather: bounds the memory of a bootstrap
 _CHUNK_CELLS = 1 << 22
 
 
-class PairingError(ValueError):
+class PairingError(LongctxError):
     """Two arms that claim pairing do not share seeds or instances."""
 
 
@@ -51,16 +53,16 @@ class ArmSample:
         values = np.asarray(self.values, dtype=float)
         weights = np.broadcast_to(np.asarray(self.weights, dtype=float), values.shape)
         if values.ndim != 2 or values.size == 0:
-            raise ValueError(
+            raise LongctxError(
                 f"values have shape {values.shape}; expected [seeds, instances], both >= 1"
             )
         if (len(self.seeds), len(self.instances)) != values.shape:
-            raise ValueError(
+            raise LongctxError(
                 f"{len(self.seeds)} seed and {len(self.instances)} instance labels for values "
                 f"of shape {values.shape}; expected one label per row and per column"
             )
         if not (np.isfinite(values).all() and np.isfinite(weights).all()):
-            raise ValueError("values or weights hold a non-finite number; expected finite ones")
+            raise LongctxError("values or weights hold a non-finite number; expected finite ones")
         object.__setattr__(self, "values", values)
         object.__setattr__(self, "weights", weights)
         object.__setattr__(self, "seeds", tuple(self.seeds))
@@ -180,7 +182,7 @@ def seed_level(per_seed: Sequence[float], confidence: float = CONFIDENCE) -> dic
     interval cannot reach beyond the per-seed range, and this one can."""
     from scipy import stats
 
-    bad = ValueError(
+    bad = LongctxError(
         f"per-seed values {str(per_seed)[:80]} are not one or more finite numbers of a "
         "representable spread; pass one finite number per training seed"
     )

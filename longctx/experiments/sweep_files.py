@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from longctx.errors import LongctxError
 from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.folder import CHECKPOINTS, is_run_folder
 from longctx.runs.record import read_record_file, read_stored_run
@@ -81,17 +82,17 @@ def read_table(
     try:
         frame = pd.read_csv(path)
     except (OSError, EOFError, zlib.error, ValueError, UnicodeDecodeError) as err:
-        raise ValueError(
+        raise LongctxError(
             f"{path} cannot be read as {'a gzip-compressed ' if path.suffix == '.gz' else 'a '}"
             f"CSV table ({type(err).__name__}: {' '.join(str(err).split())[:200]}); expected "
             "the file as longctx wrote it"
         ) from None
     expected = "; expected the file as longctx wrote it"
     if frame.empty:
-        raise ValueError(f"{path} holds no rows{expected}")
+        raise LongctxError(f"{path} holds no rows{expected}")
     for column in (*numeric, *text):
         if column not in frame.columns:
-            raise ValueError(f"{path} has no {column!r} column (columns "
+            raise LongctxError(f"{path} has no {column!r} column (columns "
                              f"{list(frame.columns)[:8]}){expected}")  # fmt: skip
     for column in [c for c in frame.columns if c not in text] if sparse else numeric:
         values = pd.to_numeric(frame[column], errors="coerce")
@@ -101,7 +102,7 @@ def read_table(
             value = frame[column].iloc[row]
             shown = "an empty cell" if pd.isna(value) else repr(value if isinstance(value, str)
                                                                 else float(value))  # fmt: skip
-            raise ValueError(f"{path}: column {column!r} holds {shown} (row {row + 2}), not a "
+            raise LongctxError(f"{path}: column {column!r} holds {shown} (row {row + 2}), not a "
                              f"finite number{expected}")  # fmt: skip
         frame[column] = values
     return frame
@@ -113,7 +114,7 @@ def read_json_file(path: Path, what: str) -> object:
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise ValueError(
+        raise LongctxError(
             f"{path} cannot be read as {what} ({type(err).__name__}: "
             f"{' '.join(str(err).split())[:200]}); expected the file as longctx wrote it"
         ) from None
