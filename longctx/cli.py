@@ -4,8 +4,9 @@ Errors: ``error: <what> (<value>); <what to do>``, exit 2.
 
 A user's mistake (a missing file, a bad value, a refused config) is one line on stderr, not a
 traceback: the message already names the value and what was expected. ``LONGCTX_DEBUG=1`` shows
-the traceback too, for a bug report. Errors that are not the user's (a bug in longctx) keep their
-traceback.
+the traceback too, for a bug report. longctx's refusals raise ``longctx.errors.LongctxError``;
+the commands catch it and OSError (a path) and nothing broader, so any other error (a plain
+ValueError from a bug in longctx or a library) keeps its traceback and exits 1.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from typing import TypeVar
 
 from tqdm import tqdm
 
-# What a user's input can raise: longctx's own refusals subclass ValueError (or are a
-# FileExistsError / FileNotFoundError for paths); PermissionError for a folder they cannot write.
-# The one definition: a command whose refusals include another type adds it where it catches
-# (train.py: RunFolderBusy, a RuntimeError, when another live run holds the run folder;
-# longctx.data.prepare: a failed SLURM task), rather than keeping a tuple of its own.
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
+from longctx.errors import LongctxError
+
+# What a user's input can raise: longctx's own refusals (LongctxError and its subclasses), and
+# OSError for paths (FileExistsError / FileNotFoundError, PermissionError for a folder they cannot
+# write). The one definition: a command that reports another type in one line adds it where it
+# catches (train.py: NonFiniteStep, a run that diverged; longctx.hf.verify: VerifyFailed;
+# longctx.data.prepare: a failed SLURM task; longctx.probe.cli: Hydra's config errors), rather
+# than keeping a tuple of its own.
+USER_ERRORS: tuple[type[BaseException], ...] = (LongctxError, OSError)
 
 T = TypeVar("T")
 

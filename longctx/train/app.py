@@ -30,10 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 from longctx.cli import USER_ERRORS, exit_on_user_error
 from longctx.data.arms import arm_description
 from longctx.distributed.slurm import slurm_plugins
+from longctx.errors import LongctxError
 from longctx.runs.checkpoints import AtomicCheckpointIO, ResumePoint, remove_stale_temp_files
 from longctx.runs.folder import (
     HydraWrites,
-    RunFolderBusy,
     RunFolderLock,
     RunStart,
     checkpoint_dir,
@@ -63,7 +63,9 @@ from longctx.train.process import teardown, writes_run_folder
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics = run(cfg)
-    except (*USER_ERRORS, RunFolderBusy) as err:  # a user's mistake: one line and exit 2
+    # a user's mistake, or a run that diverged (NonFiniteStep says what to change): one line
+    # and exit 2; anything else is a bug and keeps its traceback
+    except (*USER_ERRORS, NonFiniteStep) as err:
         exit_on_user_error(err)
     except SweepStopped as err:
         print(f"longctx: {err}", file=sys.stderr, flush=True)
@@ -213,7 +215,7 @@ def optim_config(node: DictConfig) -> OptimConfig:
         return OptimConfig.from_settings(
             {k: v for k, v in settings.items() if k not in factories}, **factories
         )
-    except ValueError as err:
+    except LongctxError as err:
         raise ConfigError(str(err)) from err
 
 
@@ -228,7 +230,7 @@ def build_datamodule(data_config, model_config, parallel, optim: OptimConfig):
     datamodule.prepare_data()
     try:
         datamodule.check_vocab(model_config.vocab_size)
-    except ValueError as err:
+    except LongctxError as err:
         raise ConfigError(f"model.vocab_size={model_config.vocab_size}: {err}") from err
     return datamodule
 

@@ -30,6 +30,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from longctx.distributed.slurm import PREEMPTED_MARKER, requeue_job, under_slurm
+from longctx.errors import LongctxError
 from longctx.io import atomic_write_text
 from longctx.runs.folder import checkpoint_dir, last_checkpoint
 
@@ -46,9 +47,9 @@ class SaveOnSignal(L.Callback):
     ):
         unknown = [s for s in [*signals, *requeue_signals] if not hasattr(signal, s)]
         if unknown:
-            raise ValueError(f"SaveOnSignal: unknown signal names {unknown}")
+            raise LongctxError(f"SaveOnSignal: unknown signal names {unknown}")
         if requeue not in (True, False, "auto"):
-            raise ValueError(f"SaveOnSignal: requeue={requeue!r}; expected true, false or auto")
+            raise LongctxError(f"SaveOnSignal: requeue={requeue!r}; expected true, false or auto")
         self.signals = [getattr(signal, s) for s in signals]
         self.requeue_signals = {getattr(signal, s) for s in requeue_signals}
         # "auto": requeue when running inside a SLURM job

@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from omegaconf import DictConfig, OmegaConf
 
+from longctx.errors import LongctxError
 from longctx.io import atomic_write_text, own_bytes, require_plain_file, write_once
 
 WANDB_ID_FILE = "wandb_run_id"
@@ -82,7 +83,7 @@ def make_loggers(cfg: DictConfig, output_dir: Path) -> list:
         elif kind == "csv":
             loggers.append(HistoryCSVLogger(save_dir=str(output_dir), name="csv", version=""))
         else:
-            raise ValueError(f"logger.{kind}: unknown logger; expected wandb or csv")
+            raise LongctxError(f"logger.{kind}: unknown logger; expected wandb or csv")
     return loggers
 
 

@@ -25,6 +25,7 @@ from longctx.cp_balance import DEFAULT_BALANCE, PlanStats, context_parallel_metr
 from longctx.data.streams import StreamBatch
 from longctx.distributed.context_parallel import all_gather_over, context_parallel_group
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
+from longctx.errors import LongctxError
 from longctx.eval.position_loss import PositionLoss
 from longctx.model.interface import ModelSpec, PackedCausalLM
 from longctx.train.nonfinite import NonFiniteGuard
@@ -52,7 +53,7 @@ def warmup_cosine_schedule(
     """Linear warm-up from 0 to the peak lr, then cosine decay to min_lr_ratio * peak (the
     settings: conf/optim/, their one source)."""
     if total_steps < 1 or warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:  # NaN: refused
-        raise ValueError(
+        raise LongctxError(
             f"schedule needs total_steps >= 1, warmup_steps >= 0, 0 <= min_lr_ratio <= 1; got "
             f"total_steps={total_steps}, warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}"
         )
@@ -122,7 +123,7 @@ class LongCtxModule(L.LightningModule):
         OptimConfig)."""
         super().__init__()
         if context_parallel != 1 and not model_config.supports_context_parallel:
-            raise ValueError(
+            raise LongctxError(
                 f"context_parallel={context_parallel}: {type(model_config).__name__}'s model "
                 "cannot take a row split over ranks (only longctx's Llama can)"
             )
@@ -212,7 +213,7 @@ class LongCtxModule(L.LightningModule):
             return optimizer
         total = self.trainer.max_steps
         if total is None or total < 1:
-            raise ValueError(
+            raise LongctxError(
                 f"trainer.max_steps must be set (>= 1) for the lr schedule, got {total}"
             )
         scheduler = self.scheduler_factory(optimizer, total)
@@ -235,7 +236,7 @@ class LongCtxModule(L.LightningModule):
         self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
         self._resumed = True
         if "global_batch" not in state:
-            raise ValueError(
+            raise LongctxError(
                 "the checkpoint has no longctx.global_batch (rows per optimizer step; written "
                 "since elastic resume), so the step it resumes cannot be kept: it was written "
                 "by an earlier longctx, whose data order this one cannot continue either"

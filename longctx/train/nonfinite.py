@@ -14,9 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from longctx.errors import LongctxError
+
 
 class NonFiniteStep(ValueError):
-    """A non-finite loss or gradient norm, beyond what ``optim.skip_nonfinite`` allows.
+    """A non-finite loss or gradient norm, beyond what ``optim.skip_nonfinite`` allows: a
+    finding about the run, not a refusal of its input (train.py names it where it catches).
     ``kept``: what the stopped run left (its checkpoints, or only its metrics), said by whoever
     knows the run folder (longctx.train.app)."""
 
@@ -35,7 +38,7 @@ class NonFiniteGuard:
 
     def __post_init__(self) -> None:
         if isinstance(self.allowed, bool) or not isinstance(self.allowed, int) or self.allowed < 0:
-            raise ValueError(
+            raise LongctxError(
                 f"optim.skip_nonfinite={self.allowed!r}; expected a whole number >= 0 (the "
                 "non-finite steps a run may skip before it stops)"
             )

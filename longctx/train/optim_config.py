@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from longctx.errors import LongctxError
 from longctx.train.nonfinite import NonFiniteGuard
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
@@ -46,7 +47,7 @@ class OptimConfig:
         for name in ("optimizer", "scheduler"):
             factory = getattr(self, name)
             if not callable(factory) and not (name == "scheduler" and factory is None):
-                raise ValueError(
+                raise LongctxError(
                     f"optim.{name}={factory!r}; expected a factory (a _target_ with _partial_: true)"
                 )
         # a partial's lr: a negative one is refused now, not once the model is built
@@ -58,7 +59,7 @@ class OptimConfig:
         require_int("accumulate_grad_batches", self.accumulate_grad_batches, least=1)
         NonFiniteGuard(self.skip_nonfinite)  # the owner of optim.skip_nonfinite's rule
         if not isinstance(self.allow_global_batch_change, bool):
-            raise ValueError(
+            raise LongctxError(
                 f"optim.allow_global_batch_change={self.allow_global_batch_change!r}; "
                 "expected true or false"
             )
@@ -70,7 +71,7 @@ class OptimConfig:
         fields = [f.name for f in dataclasses.fields(cls) if f.name not in factories]
         unknown = sorted(set(settings) - set(fields))
         if unknown:
-            raise ValueError(
+            raise LongctxError(
                 f"optim.{unknown[0]}: unknown optim setting{'s' if len(unknown) > 1 else ''} "
                 f"{unknown}; expected optimizer, scheduler or one of {fields}"
             )
@@ -80,9 +81,9 @@ class OptimConfig:
 def require_finite(name: str, value: Any, least: float, note: str = "") -> None:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or value < least:
-        raise ValueError(f"optim.{name}={value!r}; expected a finite number >= {least}{note}")
+        raise LongctxError(f"optim.{name}={value!r}; expected a finite number >= {least}{note}")
 
 
 def require_int(name: str, value: Any, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"optim.{name}={value!r}; expected a whole number >= {least}")
+        raise LongctxError(f"optim.{name}={value!r}; expected a whole number >= {least}")

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from longctx import planner
+from longctx.errors import LongctxError
 
 
 def non_finite_options(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -126,13 +127,13 @@ def resolved(cfg: DictConfig) -> dict:
         while isinstance(root, OmegaConfBaseException) and (root.__cause__ or root.__context__):
             root = root.__cause__ or root.__context__
         if isinstance(root, ValueError) and not isinstance(root, OmegaConfBaseException):
-            raise ValueError(str(root)) from err  # a resolver's refusal says it all
+            raise LongctxError(str(root)) from err  # a resolver's refusal says it all
         if isinstance(root, KeyError):  # oc.env's unset variable
-            raise ValueError(f"{err.full_key}: {root.args[0]}; expected it set") from err
+            raise LongctxError(f"{err.full_key}: {root.args[0]}; expected it set") from err
         if not isinstance(root, OmegaConfBaseException):
             raise  # a resolver's bug keeps its traceback
         reason = str(err).splitlines()[0]  # OmegaConf adds the key and node type below
-        raise ValueError(f"{err.full_key}: {reason}; expected a value that resolves") from err
+        raise LongctxError(f"{err.full_key}: {reason}; expected a value that resolves") from err
 
 
 def check_numbers(cfg: DictConfig) -> None:
@@ -147,7 +148,7 @@ def check_numbers(cfg: DictConfig) -> None:
     ]
     found += mistyped_options(tree)
     if found:
-        raise ValueError("; ".join(found))
+        raise LongctxError("; ".join(found))
 
 
 def check_planner(cfg: DictConfig) -> planner.PlannerSettings:

@@ -20,6 +20,7 @@ from longctx import planner
 from longctx.context_shard import check_context_parallel
 from longctx.distributed.layout import ParallelConfig, world_size
 from longctx.distributed.slurm import check_allocation, check_master_address
+from longctx.errors import LongctxError
 from longctx.model.attention import get_backend, resolve_backend
 from longctx.model.interface import ModelSpec
 from longctx.train.options import check_numbers, check_planner, unreached_stages
@@ -41,7 +42,7 @@ LONGCTX_OWNED_KEYS = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(LongctxError):
     """A config value that cannot work; raised before anything is allocated."""
 
 
@@ -153,7 +154,7 @@ def check_backend(
     ``setting``: where ``seq_len`` comes from (data.seq_len or a stage's), for the errors."""
     try:
         model_config.check_seq_len(seq_len)
-    except ValueError as err:
+    except LongctxError as err:
         raise ConfigError(f"{setting}={seq_len}: {err}") from err
     name = model_config.attn_backend
     try:
@@ -161,7 +162,7 @@ def check_backend(
         backend.check(device, seq_len, chunks=context_chunks, training=True)
         if context_balance is not None:
             backend.check_context_parallel(context_balance)
-    except (ValueError, RuntimeError) as err:
+    except (LongctxError, RuntimeError) as err:
         raise ConfigError(f"model.attn_backend={name}, {setting}={seq_len}: {err}") from err
 
 

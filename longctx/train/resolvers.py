@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from longctx.cli import exit_on_user_error
 from longctx.distributed.slurm import checked_num_nodes, slurm_job_label
+from longctx.errors import LongctxError
 from longctx.runs.folder import (
     check_location,
     config_subdir,
@@ -62,7 +63,7 @@ def run_dir_or_exit(runs_dir: str, run_name, ckpt_path: str | None) -> str:
     in one line (exit 2)."""
     try:
         run = run_dir(runs_dir, run_name, ckpt_path)
-    except ValueError as err:  # a ConfigError, a refused folder
+    except LongctxError as err:  # a ConfigError, a refused folder
         exit_on_user_error(err)
     note_before_hydra(Path(run))  # before Hydra makes or writes it: what a refusal leaves
     return run
@@ -82,7 +83,7 @@ def config_subdir_or_exit(run_dir: str) -> str:
     """``hydra.output_subdir``; a refusal said in one line (exit 2), not as Hydra's traceback."""
     try:
         return config_subdir(run_dir)
-    except ValueError as err:  # a refused folder
+    except LongctxError as err:  # a refused folder
         exit_on_user_error(err)
 
 
