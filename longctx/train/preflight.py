@@ -136,7 +136,7 @@ def check_topology(trainer_cfg: DictConfig) -> None:
     try:
         check_allocation(int(trainer_cfg.get("num_nodes", 1)), trainer_cfg.get("devices", 1))
         check_master_address(trainer_world_size(trainer_cfg) or 1)
-    except ValueError as err:
+    except ValueError as err:  # a refusal, or int() of a node count that is no number
         raise ConfigError(str(err)) from err
 
 
@@ -184,7 +184,7 @@ def check_parallel(
             world=trainer_world_size(trainer_cfg),
             balance=parallel.context_parallel_balance,
         )
-    except ValueError as err:
+    except ValueError as err:  # a refusal, or int() of a node count that is no number
         raise ConfigError(
             f"{setting}={seq_len}, parallel.context_parallel={size}, "
             f"parallel.context_parallel_rounds={rounds}: {err}"
@@ -206,7 +206,7 @@ def check_init_from(model_config: ModelSpec) -> None:
     try:
         source = resolve(model_config.init_from)
         source.check(model_config)
-    except ValueError as err:
+    except ValueError as err:  # a refusal, or a config.json that is no JSON
         raise ConfigError(str(err)) from err
     if (change := source.rope_change(model_config)) is not None:
         print(change, flush=True)
@@ -248,7 +248,7 @@ def preflight(
     try:
         check_numbers(cfg)
         check_planner(cfg)
-    except ValueError as err:
+    except LongctxError as err:
         raise ConfigError(str(err)) from err
     check_callbacks(cfg)
     for warning in unreached_stages(data_config.stages, cfg.trainer.get("max_steps")):
