@@ -17,7 +17,13 @@ from longctx.train.optim_config import OptimConfig
 from longctx.train.options import check_planner
 from longctx.train.preflight import ConfigError, available_memory_bytes, sharded_strategy
 
-PRECISIONS = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16"}
+# trainer.precision -> the planner's precision (one of longctx.planner.settings.PRECISIONS)
+TRAINER_PRECISIONS = {
+    "32-true": "fp32",
+    "32": "fp32",
+    "bf16-mixed": "bf16-mixed",
+    "bf16-true": "bf16",
+}
 
 
 def dry_run_report(
@@ -120,11 +126,11 @@ def planner_precision(trainer_cfg: DictConfig, fsdp: bool, device: torch.device)
         bf16 = name == "bfloat16" or (name == "auto" and device.type == "cuda")
         return "bf16" if bf16 else "fp32"
     precision = str(trainer_cfg.get("precision", "32-true"))
-    if precision not in PRECISIONS:
+    if precision not in TRAINER_PRECISIONS:
         raise ConfigError(
-            f"trainer.precision={precision}: the capacity plan knows {sorted(PRECISIONS)}"
+            f"trainer.precision={precision}: the capacity plan knows {sorted(TRAINER_PRECISIONS)}"
         )
-    return PRECISIONS[precision]
+    return TRAINER_PRECISIONS[precision]
 
 
 def planner_device(
