@@ -21,8 +21,8 @@ import dataclasses
 import inspect
 from typing import Any
 
-from hydra._internal.utils import _locate
 from hydra.core.config_store import ConfigStore
+from hydra.utils import get_object
 
 from longctx.model.config import PRESETS, LlamaConfig
 
@@ -105,7 +105,7 @@ def llama_run_defaults() -> dict[str, Any]:
 def settings_defaults(path: str) -> dict[str, Any]:
     """The node of one typed config: its settings at their defaults."""
     not_settings = TYPED_CONFIGS[path]
-    defaults = parameter_defaults(_locate(path))
+    defaults = parameter_defaults(get_object(path))
     return {k: v for k, v in defaults.items() if k not in not_settings}
 
 
