@@ -40,7 +40,8 @@ NOT_ARCHIVED = {CHECKPOINTS, LOCK_FILE, RUN_MARKER}
 
 def archive_run(run: Path, dest: Path) -> Path:
     """Copy ``run``'s results to ``dest`` (see the module docstring); returns ``dest``."""
-    stored = read_stored_run(run, CONFIG_TARGETS)  # refuses a run without a valid record before anything is written
+    # refuses a run without a valid record before anything is written
+    stored = read_stored_run(run, CONFIG_TARGETS)
     if dest.exists() and not is_archived_run(dest):
         raise FileExistsError(
             f"{dest} exists and is not an archived run ({RECORD_FILE}); not replacing it"
