@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.cli import command
 from longctx.dtypes import dtype_named
 from longctx.io import atomic_write_text
 from longctx.model import Llama, LlamaConfig
@@ -90,6 +91,7 @@ def summary_table(cases: list[tuple[str, str, Report | str]]) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m longctx.probe.backends")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -100,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="folder for backends.json")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    for dtype in args.dtypes.split(","):  # every name checked before any backend runs
+        dtype_named(dtype, "--dtypes")
     cases = []
     for backend in args.backends.split(","):
         for dtype in args.dtypes.split(","):

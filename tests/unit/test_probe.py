@@ -279,3 +279,17 @@ def test_every_backend_of_the_machine_without_hydra(tmp_path, capsys):
     assert saved["sdpa"]["passed"] and saved["flex"]["passed"]
     assert saved["flash"]["skipped"].startswith("skipped: attn_backend='flash' needs a CUDA")
     assert "| flex | float32 | PASS |" in capsys.readouterr().out
+
+
+def test_the_backend_probe_refuses_a_dtype_before_probing(tmp_path, capsys):
+    """A wrong --dtypes name is one line and exit 2 before any backend runs (it was a traceback
+    after the names before it had been probed)."""
+    from longctx.probe import backends
+
+    args = ["--device", "cpu", "--backends", "sdpa", "--dtypes", "float32,fp99"]
+    with pytest.raises(SystemExit) as stop:
+        backends.main([*args, "--seq-len", "512", "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    out, err = capsys.readouterr()
+    assert "--dtypes='fp99'" in err and "float32" in err and "== sdpa" not in out
+    assert not (tmp_path / "backends.json").exists()
