@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The position ablation of docs/results.md: the 2x2 grid (reset_position_ids x document_mask) on
-# CPU, then longctx.experiments.analysis over it (in docs/results/position_ablation/: ablation.png,
+# CPU, then studies.analysis over it (in docs/results/position_ablation/: ablation.png,
 # ablation_held_out.png and the summary ablation.json: held-out loss per arm with bootstrap CIs,
 # paired verdicts).
 #
@@ -24,5 +24,5 @@ SEEDS="${SEEDS:-0}"
   "data.seq_len=$SEQ_LEN" "data.micro_batch_size=$ROWS" \
   "trainer.max_steps=$STEPS" "trainer.val_check_interval=$VAL_EVERY" "seed=$SEEDS" "$@"
 
-"$PY" -m longctx.experiments.analysis "$SWEEP" --out docs/results/position_ablation/ablation.png --title \
+"$PY" -m studies.analysis "$SWEEP" --out docs/results/position_ablation/ablation.png --title \
   "position ablation: tiny, L=$SEQ_LEN, $ROWS row(s) x $STEPS steps per arm, seeds $SEEDS (CPU, fp32)"

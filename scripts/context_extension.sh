@@ -7,8 +7,8 @@
 # synthesizes it into the cache, later ones reuse it). Every arm is then evaluated on the long held-out documents out to 4x its length with
 # the passkey probe, and on the effective-length suite at 1/4 .. 4x its length (the same
 # instances for every arm and seed); the per-seed table and figure are written
-# (python -m longctx.experiments.extension_report), then the suite per arm over both seeds, paired with
-# unchanged RoPE, with effective lengths and heat maps (python -m longctx.experiments.ruler_report).
+# (python -m studies.extension_report), then the suite per arm over both seeds, paired with
+# unchanged RoPE, with effective lengths and heat maps (python -m studies.ruler_report).
 #
 #   scripts/context_extension.sh [RUNS_ROOT] [extra overrides for both stages ...]
 #
@@ -77,12 +77,12 @@ for seed in $SEEDS; do
       --suite ruler --tasks "$TASKS" --lengths $LENGTHS --depths 0 0.25 0.5 0.75 1 \
       --samples "$RULER_SAMPLES" --seed "$INSTANCE_SEED"
   done
-  "$PY" -m longctx.experiments.extension_report "$sweep" --out "${FIGURE%.*}_s$seed.png" \
+  "$PY" -m studies.extension_report "$sweep" --out "${FIGURE%.*}_s$seed.png" \
     --json "${FIGURE%.*}_s$seed.json" --note \
     "seed $seed, $stage1_note, stage 2: $STEPS2 x $ROWS2 x $SEQ2 per arm, the long-range mix (seed $MIX_SEED) 1:1; $(( SECONDS - start )) s wall so far"
 done
 seconds=$(( SECONDS - start ))
-"$PY" -m longctx.experiments.ruler_report "$ROOT" --arm-by rope_arm --control unchanged \
+"$PY" -m studies.ruler_report "$ROOT" --arm-by rope_arm --control unchanged \
   --json "${FIGURE%.*}_ruler.json" \
   --extra "{\"train_seeds\": [$(echo $SEEDS | tr ' ' ',')], \"mix_seed\": $MIX_SEED, \"final_length\": $SEQ2, \"wall_s\": $seconds}" \
   --note "$stage1_note, stage 2: $STEPS2 x $ROWS2 x $SEQ2 per RoPE arm, seeds $SEEDS, the long-range mix (seed $MIX_SEED) 1:1, instance seed $INSTANCE_SEED; ${seconds} s wall"

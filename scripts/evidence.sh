@@ -9,7 +9,7 @@
 #   scripts/evidence.sh [RUNS_ROOT] [PART ...]        PART: control position extension (default: all)
 #   SEEDS=1 scripts/evidence.sh outputs/evidence      # one seed's three parts (one session's work)
 #
-# After each part its runs are archived to OUT_DIR/runs/PART (longctx.experiments.archive: every
+# After each part its runs are archived to OUT_DIR/runs/PART (studies.archive: every
 # result file and the run's record, no checkpoint) and the part's reports are rewritten from the
 # whole archive, every seed archived so far (hierarchical, seed-paired intervals; per-instance
 # .csv.gz and per-seed scores beside each JSON). The archive is what gets committed, so the series
@@ -108,7 +108,7 @@ drain() {
   [ "$jobs_failed" = 0 ] || { echo "evidence: a run failed (RUNS_ROOT/*.log)" >&2; exit 1; }
 }
 # the part's runs into the archive; the reports then read every seed archived so far
-archive() { "$PY" -m longctx.experiments.archive "$ROOT/$1" "$ARCHIVE/$1"; }
+archive() { "$PY" -m studies.archive "$ROOT/$1" "$ARCHIVE/$1"; }
 archived_seeds() { echo $(ls "$ARCHIVE/$1" | sed -n 's/^seed//p' | sort -n); }
 note() { echo "$1; seeds $(archived_seeds "$2"); instance seed $INSTANCE_SEED; wall times: runs/timing.csv"; }
 control_of() { echo "$ROOT/control/seed$1/outputs/train/ruler_control"; }
@@ -145,7 +145,7 @@ if [[ " $PARTS " == *" control "* ]]; then
   done
   drain
   archive control
-  "$PY" -m longctx.experiments.ruler_report "$ARCHIVE/control" --arm-by group --control ruler_control \
+  "$PY" -m studies.ruler_report "$ARCHIVE/control" --arm-by group --control ruler_control \
     --json "$OUT_DIR/control.json" --note "$(note "control: tiny_long at $SEQ1, $STEPS1 steps, the OOD mix ($OOD) + repeat vs none" control)"
 fi
 
@@ -175,9 +175,9 @@ if [[ " $PARTS " == *" position "* ]]; then
   done
   drain
   archive position
-  "$PY" -m longctx.experiments.analysis "$ARCHIVE/position" --out "$OUT_DIR/position.png" \
+  "$PY" -m studies.analysis "$ARCHIVE/position" --out "$OUT_DIR/position.png" \
     --title "$(note "position ablation from each seed's control, L=$SEQ2, $STEPS2 x $ROWS2 rows" position)"
-  "$PY" -m longctx.experiments.ruler_report "$ARCHIVE/position" --arm-by position \
+  "$PY" -m studies.ruler_report "$ARCHIVE/position" --arm-by position \
     --json "$OUT_DIR/position_ruler.json" --note "$(note "position ablation, L=$SEQ2" position)"
 fi
 
@@ -197,9 +197,9 @@ if [[ " $PARTS " == *" extension "* ]]; then
   done
   drain
   archive extension
-  "$PY" -m longctx.experiments.extension_report "$ARCHIVE/extension" --json "$OUT_DIR/extension.json" \
+  "$PY" -m studies.extension_report "$ARCHIVE/extension" --json "$OUT_DIR/extension.json" \
     --out "$OUT_DIR/extension.png" --note "$(note "context extension $SEQ1 -> $SEQ2 from each seed's control" extension)"
-  "$PY" -m longctx.experiments.ruler_report "$ARCHIVE/extension" --arm-by rope_arm --control unchanged \
+  "$PY" -m studies.ruler_report "$ARCHIVE/extension" --arm-by rope_arm --control unchanged \
     --json "$OUT_DIR/extension_ruler.json" --note "$(note "context extension, RoPE arms" extension)"
 fi
 echo "evidence: $(( SECONDS - start )) s; runs in $ROOT, their archive in $ARCHIVE (timing.csv), reports in $OUT_DIR"

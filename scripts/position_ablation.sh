@@ -2,9 +2,9 @@
 # The position ablation with the long-range mix (issue #34): the 2x2 grid reset_position_ids x
 # document_mask (experiment=position_ablation), two training seeds, at L=4096; every run is then
 # scored on the effective-length suite at 1/4, 1/2, 1 and 2 x L (the same instances for all), and
-# both reports are written: held-out loss with paired bootstrap CIs (python -m longctx.experiments.analysis)
+# both reports are written: held-out loss with paired bootstrap CIs (python -m studies.analysis)
 # and the suite per arm with paired differences, effective lengths and heat maps
-# (python -m longctx.experiments.ruler_report --arm-by position; the masked pair is the control).
+# (python -m studies.ruler_report --arm-by position; the masked pair is the control).
 #
 #   scripts/position_ablation.sh [RUNS_ROOT] [extra overrides ...]
 #
@@ -53,8 +53,8 @@ for run in "$sweep"/*/; do
 done
 seconds=$(( SECONDS - start ))
 note="$MODEL $from_note, L=$SEQ, $STEPS steps x $ROWS rows per arm and seed, the embedded corpus + the long-range mix (seed $MIX_SEED) 1:1, train seeds 0 and 1, instance seed $INSTANCE_SEED; ${seconds} s wall"
-"$PY" -m longctx.experiments.analysis "$sweep" --out "$OUT.png" --title "$note"
-"$PY" -m longctx.experiments.ruler_report "$sweep" --arm-by position --json "${OUT}_ruler.json" \
+"$PY" -m studies.analysis "$sweep" --out "$OUT.png" --title "$note"
+"$PY" -m studies.ruler_report "$sweep" --arm-by position --json "${OUT}_ruler.json" \
   --extra "{\"mix_seed\": $MIX_SEED, \"mix_documents\": $DOCS, \"train_seeds\": [0, 1], \"wall_s\": $seconds}" \
   --note "$note"
 echo "position_ablation: ${seconds} s in all; results in $sweep"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The associative-recall study (issue 53; docs/recall.md): the 2x2 reset_position_ids x
 # document_mask on MQAR in packed rows, SEEDS training seeds per arm, PARALLEL runs at a time
-# (one thread each). Each run is scored (python -m longctx.experiments.recall: every held-out
+# (one thread each). Each run is scored (python -m studies.recall: every held-out
 # instance teacher-forced, the in-distribution rows through generation too, which must agree)
 # into OUT_DIR/scores, its wall times and the load average beside it in OUT_DIR/timing.csv; then
-# the report (python -m longctx.experiments.recall_report) is rewritten from every score so far.
+# the report (python -m studies.recall_report) is rewritten from every score so far.
 # Resumable: a run whose scores exist is skipped; one with a checkpoint resumes (ckpt_path=last).
 # Commits nothing; the scores and the report are what to commit (never the checkpoints).
 #
@@ -57,7 +57,7 @@ run_one() {  # document_mask reset_position_ids seed
     ${STEPS:+trainer.max_steps=$STEPS} ${EXTRA:-} "${resume[@]}" > "$ROOT/$name.log" 2>&1 ||
     { echo "error: training $name failed; see $ROOT/$name.log" >&2; return 1; }
   t1=$(date +%s)
-  OMP_NUM_THREADS=1 "$PY" -m longctx.experiments.recall "$run" --out "$OUT_DIR/scores" \
+  OMP_NUM_THREADS=1 "$PY" -m studies.recall "$run" --out "$OUT_DIR/scores" \
     --name "$name" --rows "$ROWS" --docs "$DOCS" --generate in_distribution >> "$ROOT/$name.log" 2>&1 ||
     { echo "error: scoring $name failed; see $ROOT/$name.log" >&2; return 1; }
   t2=$(date +%s)
@@ -70,4 +70,4 @@ export PY ROOT OUT_DIR ROWS DOCS STEPS EXTRA
 mkdir -p "$ROOT"
 for seed in $SEEDS; do for arm in $ARMS; do echo "${arm/,/ } $seed"; done; done |
   xargs -P "$PARALLEL" -L 1 bash -c 'run_one "$@"' _
-"$PY" -m longctx.experiments.recall_report "$OUT_DIR/scores" --out "$OUT_DIR"
+"$PY" -m studies.recall_report "$OUT_DIR/scores" --out "$OUT_DIR"

@@ -4,7 +4,7 @@
 # (experiment=ruler_control_nomix); both scored on the same suite instances (one instance seed)
 # at 1/4, 1/2, 1 and 2 x the training length; the summary JSON (which arm is the control, the
 # seeds, the instances' seed, the effective length per arm) and the length x depth heat maps are
-# written by python -m longctx.experiments.ruler_report.
+# written by python -m studies.ruler_report.
 #
 #   scripts/ruler_control.sh [RUNS_ROOT] [extra overrides for both arms ...]
 #
@@ -67,7 +67,7 @@ seconds=$(( SECONDS - start ))
 extra=$(printf '{"control_arm": "ruler_control", "negative_arm": "ruler_control_nomix", "train_seed": %s, "mix_seed": %s, "mix_documents": [%s, %s], "training_length": %s, "wall_s": %s, "arm_wall_s": {"ruler_control": %s, "ruler_control_nomix": %s}}' \
   "$SEED" "$MIX_SEED" "$DOCS" "$(( 3 * DOCS ))" "$SEQ" "$seconds" \
   "$(cat "$ROOT/ruler_control.wall_s")" "$(cat "$ROOT/ruler_control_nomix.wall_s")")
-"$PY" -m longctx.experiments.ruler_report "$ROOT/outputs/train" --arm-by group --control ruler_control \
+"$PY" -m studies.ruler_report "$ROOT/outputs/train" --arm-by group --control ruler_control \
   --json "$OUT" --extra "$extra" \
   --note "positive control: tiny_long at $SEQ tokens with the long-range mix (ruler_control) and without it (ruler_control_nomix), train seed $SEED, mix seed $MIX_SEED, instance seed $INSTANCE_SEED; ${seconds} s wall"
 echo "ruler_control: ${seconds} s in all; results in $ROOT"

@@ -7,7 +7,7 @@ drawn from their own stream (``held_out_answers/<seed>/...``, never a training d
 ``synthesize/...``) into the run's validation text, each scored alone (masked, positions from 0)
 on its answer tokens only: the values a query repeats, which only retrieval predicts. Every arm
 is scored on identical documents, so the ablation report
-(:mod:`longctx.experiments.ablation`) pairs them.
+(:mod:`studies.ablation`) pairs them.
 
     callbacks: HeldOutAnswerLoss -> <run>/eval/held_out_answers.csv (step, doc, task, tokens,
     loss_sum) and val/answer_loss

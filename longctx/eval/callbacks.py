@@ -154,7 +154,7 @@ class HeldOutDocumentLoss(L.Callback):
 
     Every arm of an ablation is scored on identical inputs (:mod:`longctx.eval.documents`);
     rows per (step, document, position bucket) are appended to ``<out>/held_out_documents.csv``
-    for the paired bootstrap of ``python -m longctx.experiments.analysis``, ``val/held_out_loss`` is logged,
+    for the paired bootstrap of ``python -m studies.analysis``, ``val/held_out_loss`` is logged,
     and W&B gets the per-bucket curve as a table. Every rank scores the same documents (so FSDP's
     collectives stay matched); rank 0 writes.
     """

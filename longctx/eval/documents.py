@@ -5,7 +5,7 @@ cross-document attention is also validated with it, and its loss is not comparab
 arm's. Here every arm sees identical inputs: the first documents of the val split, each its own
 segment (document mask, positions reset), which by packed == unpacked equals running each
 document alone. The per-document loss sums (by in-document position bucket) are what the paired
-bootstrap of :mod:`longctx.experiments.ablation` resamples: same documents in every arm.
+bootstrap of :mod:`studies.ablation` resamples: same documents in every arm.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from longctx.io import atomic_append_bytes, atomic_write_text
 
 # The files an evaluation writes into its output folder: a run's EVAL_DIR when train.py's
 # callbacks or ``python -m longctx.eval`` on its checkpoint score it (or --out); the reports
-# (longctx.experiments) read them back by these names.
+# (studies) read them back by these names.
 EVAL_DIR = "eval"
 EVAL_SUMMARY_JSON = "eval.json"
 POSITION_LOSS_CSV = "position_loss.csv"

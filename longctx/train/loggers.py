@@ -111,7 +111,7 @@ class _AppendingWriter(ExperimentWriter):
 class HistoryCSVLogger(CSVLogger):
     """CSVLogger that keeps a run's metrics history across resumes: a resumed run appends to
     ``csv/metrics.csv``. Steps redone after a crash appear again further down; readers keep
-    the last row of a step (longctx.experiments.analysis.csv_rows)."""
+    the last row of a step (studies.analysis.csv_rows)."""
 
     @property
     @rank_zero_experiment

@@ -13,8 +13,8 @@ import pytest
 from helpers import FAST, ROOT, run_train
 
 from longctx.data.arms import arm_description
-from longctx.experiments.ablation import summarize
-from longctx.experiments.analysis import load_local
+from studies.ablation import summarize
+from studies.analysis import load_local
 
 NOTEBOOK = ROOT / "notebooks" / "ablation_curves.ipynb"
 FIGURES = {"train_loss.png", "position_loss.png", "ablation.png", "held_out.png"}

@@ -14,9 +14,9 @@ import torch
 from helpers import CACHE_DIR, ROOT, compose
 from hydra.utils import instantiate
 
-from longctx.experiments.extension_report import paired_differences
 from longctx.model import RopeScaling
 from longctx.train.app import ConfigError, instantiate_config
+from studies.extension_report import paired_differences
 
 ARMS = {
     "unchanged": (10000.0, None),

@@ -1,5 +1,5 @@
 """The recall study end to end: train.py experiment=recall on an MQAR corpus written into the
-cache, then python -m longctx.experiments.recall on the run (per-instance CSV and JSON)."""
+cache, then python -m studies.recall on the run (per-instance CSV and JSON)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 import pytest
 from helpers import ROOT, run_train
 
-from longctx.experiments.recall import length_distances
 from longctx.synthetic.mqar import MqarSpec
+from studies.recall import length_distances
 
 
 @pytest.mark.slow
@@ -24,7 +24,7 @@ def test_a_trained_recall_run_is_scored_per_instance(tmp_path):
                f"paths.cache_dir={tmp_path / 'cache'}"], tmp_path)  # fmt: skip
     assert len(list((tmp_path / "cache").glob("mqar_s0_*/manifest.json"))) == 1
     run, out = tmp_path / "outputs" / "train" / "r", tmp_path / "scored"
-    cmd = [sys.executable, "-m", "longctx.experiments.recall", str(run), "--out", str(out),
+    cmd = [sys.executable, "-m", "studies.recall", str(run), "--out", str(out),
            "--rows", "1", "--docs", "1", "--generate", "in_distribution"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,13 +15,13 @@ from helpers import FAST, compose, run_train
 from hydra.utils import instantiate
 
 from longctx.data import DataConfig
-from longctx.experiments.analysis import csv_rows
 from longctx.model import LlamaConfig
 from longctx.runs.checkpoints import UnreadableCheckpoint, resolve_ckpt_path
 from longctx.runs.folder import RunFolderBusy, RunFolderLock, config_subdir, note_before_hydra
 from longctx.runs.identity import ResumeMismatch, check_resume, run_identity
 from longctx.train.app import ConfigError, run
 from longctx.train.loggers import HistoryCSVLogger
+from studies.analysis import csv_rows
 
 
 def hydra_start(run_dir: Path) -> None:

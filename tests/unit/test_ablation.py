@@ -1,4 +1,4 @@
-"""longctx.experiments.ablation: arm losses and paired differences with bootstrap CIs, on synthetic runs with a
+"""studies.ablation: arm losses and paired differences with bootstrap CIs, on synthetic runs with a
 known answer; the analysis CLI's summary; the held-out W&B table written offline and read back."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from helpers import write_run_record
 
-from longctx.experiments import ablation as S
-from longctx.experiments import analysis as A
+from studies import ablation as S
+from studies import analysis as A
 
 DOCS, TOKENS = 64, 400
 

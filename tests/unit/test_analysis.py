@@ -1,4 +1,4 @@
-"""longctx.experiments.analysis: tidy frames from CSV logs, offline W&B run files and the W&B API; plots."""
+"""studies.analysis: tidy frames from CSV logs, offline W&B run files and the W&B API; plots."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from helpers import write_run_record
 
-from longctx.experiments import analysis as A
+from studies import analysis as A
 
 VARIANTS = [(True, True), (False, True), (True, False), (False, False)]
 

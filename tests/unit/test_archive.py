@@ -1,4 +1,4 @@
-"""longctx.experiments.archive: a sweep's results kept without checkpoints, read by the reports
+"""studies.archive: a sweep's results kept without checkpoints, read by the reports
 exactly as the run folders were; the archived record is data, refused as a checkpoint's is."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 from helpers import write_run_record
 
-from longctx.experiments import analysis, ruler_report
-from longctx.experiments.archive import archive_run, archive_runs
-from longctx.experiments.archive import main as archive_main
-from longctx.experiments.sweep_files import RECORD_FILE, find_runs, run_settings
 from longctx.io import folder_mode
 from longctx.runs.folder import LOCK_FILE, RUN_MARKER
 from longctx.runs.record import RecordError
+from studies import analysis, ruler_report
+from studies.archive import archive_run, archive_runs
+from studies.archive import main as archive_main
+from studies.sweep_files import RECORD_FILE, find_runs, run_settings
 
 DATA = {"seq_len": 128, "reset_position_ids": True, "document_mask": True}
 
@@ -104,7 +104,7 @@ def test_a_run_without_a_record_is_refused_before_anything_is_written(tmp_path):
 
 
 def test_the_command_refuses_a_missing_folder_in_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "longctx.experiments.archive",
+    done = subprocess.run([sys.executable, "-m", "studies.archive",
                            str(tmp_path / "missing"), str(tmp_path / "dest")],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2, done.stderr

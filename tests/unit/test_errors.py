@@ -16,19 +16,24 @@ import pytest
 from helpers import FAST, compose
 
 import longctx
+import studies
 from longctx import errors
 from longctx.cli import USER_ERRORS, command
 from longctx.errors import LongctxError
-from longctx.experiments import analysis
 from longctx.train import app
+from studies import analysis
 
 NOT_REFUSALS = set(re.findall(r"``(longctx\.[\w.]+)``", errors.__doc__))
 
 
 def longctx_exception_classes() -> dict[str, type[BaseException]]:
-    """Every exception class a longctx module defines, by its dotted name."""
+    """Every exception class a module of longctx or of studies defines, by its dotted name."""
     found = {}
-    for info in pkgutil.walk_packages(longctx.__path__, "longctx."):
+    modules = [
+        *pkgutil.walk_packages(longctx.__path__, "longctx."),
+        *pkgutil.walk_packages(studies.__path__, "studies."),
+    ]
+    for info in modules:
         module = importlib.import_module(info.name)
         for obj in vars(module).values():
             if (
@@ -103,7 +108,7 @@ def test_a_bug_run_as_a_command_prints_its_traceback_and_exits_1(tmp_path):
     script = (
         "import sys\n"
         "import pandas as pd\n"
-        "from longctx.experiments import analysis\n"
+        "from studies import analysis\n"
         "def figure(*args, **kwargs):\n"
         "    raise ValueError('a bug deep in the figure')\n"
         "analysis.load_local = lambda folder: pd.DataFrame()\n"

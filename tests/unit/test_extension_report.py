@@ -1,4 +1,4 @@
-"""longctx.experiments.extension_report over several training seeds: arms paired by seed with
+"""studies.extension_report over several training seeds: arms paired by seed with
 unchanged RoPE, the per-document rows beside the JSON."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pandas as pd
 from helpers import write_run_record
 
-from longctx.experiments import extension_report as E
+from studies import extension_report as E
 
 SEED_SHIFT = {0: 0.0, 1: 0.5, 2: -0.5}  # a large seed effect, shared by the arms of a seed
 

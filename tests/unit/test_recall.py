@@ -357,7 +357,7 @@ def test_the_masked_pair_predicts_alike_under_reset_and_continuous_positions():
 
 # --------------------------------------------------------------------------- the scoring CLI
 def test_scoring_refuses_a_run_not_trained_on_an_mqar_corpus(monkeypatch):
-    from longctx.experiments import recall as cli
+    from studies import recall as cli
 
     class Stored:  # a byte-corpus run: what read_stored_run gives the CLI
         def model_config(self, **_):
@@ -373,7 +373,7 @@ def test_scoring_refuses_a_run_not_trained_on_an_mqar_corpus(monkeypatch):
 
 @pytest.mark.parametrize("counts", [["0", "0"], ["-1", "2"], ["2", "-1"]])
 def test_scoring_refuses_no_or_negative_instance_counts(tmp_path, counts):
-    from longctx.experiments import recall as cli
+    from studies import recall as cli
 
     argv = ["r", "--out", str(tmp_path), "--rows", counts[0], "--docs", counts[1]]
     with pytest.raises(ValueError, match=re.escape(f"--rows {counts[0]} --docs {counts[1]}")):
@@ -382,7 +382,7 @@ def test_scoring_refuses_no_or_negative_instance_counts(tmp_path, counts):
 
 def test_a_prepared_mqar_folder_states_its_distribution_and_a_run_on_it_is_scored_from_it(tmp_path):
     from longctx.data.mqar_corpus import corpus_spec
-    from longctx.experiments.recall import trained_spec
+    from studies.recall import trained_spec
 
     spec = MqarSpec(MqarVocab(64, 80), min_pairs=3, max_pairs=9, slot_ratio=2.0)
     write_corpus(tmp_path / "mq", spec, documents=20, seed=3, val_documents=2)
@@ -394,7 +394,7 @@ def test_a_prepared_mqar_folder_states_its_distribution_and_a_run_on_it_is_score
 
 
 def test_scoring_refuses_before_writing_anything(tmp_path):
-    from longctx.experiments.recall import main as score
+    from studies.recall import main as score
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
         score([str(tmp_path / "no_run"), "--out", str(tmp_path / "scores")])

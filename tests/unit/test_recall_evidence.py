@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from longctx.experiments.recall_report import main
+from studies.recall_report import main
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "recall"
 FOLDERS = sorted({p.parent for p in RESULTS.rglob("scores/*.csv")})

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from helpers import write_run_record
 
-from longctx.experiments import analysis as A
-from longctx.experiments import ruler_report as R
-from longctx.experiments.sweep_files import read_table
+from studies import analysis as A
+from studies import ruler_report as R
+from studies.sweep_files import read_table
 
 
 def one_line(err: pytest.ExceptionInfo) -> str:

@@ -350,7 +350,7 @@ def fake_sweep(root, correct_at) -> None:
 
 
 def test_the_sweep_report_pairs_arms_over_instances_and_seeds(tmp_path):
-    from longctx.experiments import ruler_report as report
+    from studies import ruler_report as report
 
     fake_sweep(tmp_path, {"mix": (64, 128), "nomix": (64,)})
     out = tmp_path / "summary.json"

@@ -1,5 +1,5 @@
-"""longctx.experiments.ruler_report's statistics: arms paired by training seed (the hierarchical
-bootstrap of longctx.experiments.statistics), per-task differences, and the files beside the JSON."""
+"""studies.ruler_report's statistics: arms paired by training seed (the hierarchical
+bootstrap of studies.statistics), per-task differences, and the files beside the JSON."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from helpers import write_run_record
 
-from longctx.experiments import ruler_report as report
+from studies import ruler_report as report
 
 TASKS, LENGTHS, SAMPLES = ("lc_passkey", "lc_copy"), (64, 128), 10
 SEED_LEVEL = {0: 0.2, 1: 0.5, 2: 0.8}  # a large seed effect, shared by both arms

@@ -9,12 +9,12 @@ import torch
 from helpers import FAST, compose, write_run_record
 
 from longctx.eval import cli as eval_cli
-from longctx.experiments import analysis
 from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.folder import last_checkpoint
 from longctx.runs.record import CHECKPOINT_KEY, RecordError, read_stored_run
 from longctx.train.app import run
 from longctx.train.preflight import ConfigError
+from studies import analysis
 
 
 class _WritesMarker:

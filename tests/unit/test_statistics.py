@@ -1,4 +1,4 @@
-"""longctx.experiments.statistics: the hierarchical, seed-paired bootstrap on data of known
+"""studies.statistics: the hierarchical, seed-paired bootstrap on data of known
 structure."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from longctx.experiments import statistics as st
+from studies import statistics as st
 
 SEEDS, INSTANCES = 5, 200
 

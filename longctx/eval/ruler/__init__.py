@@ -11,7 +11,7 @@ longctx.data.corpus.resolve_haystack). Modules: ``instances`` (the instance, JSO
 ``scoring`` (generation scored with RULER's metrics, or teacher-forced), ``tables`` (cells with
 95% CIs), ``effective_length`` (RULER's and the relative one), ``hf`` (any local transformers
 folder), ``callback`` (in-loop), ``suite`` (the CLI's runner), and
-longctx.experiments.ruler_report (arms of a sweep: paired differences, heat maps).
+studies.ruler_report (arms of a sweep: paired differences, heat maps).
 """
 
 from longctx.eval.ruler.effective_length import (

@@ -2,7 +2,7 @@
 
 The input is what :class:`longctx.eval.callbacks.HeldOutDocumentLoss` writes into each run folder:
 loss sums per (held-out document, in-document position bucket), the same documents for every arm.
-The hierarchical bootstrap of :mod:`longctx.experiments.statistics` (training seeds resampled, then
+The hierarchical bootstrap of :mod:`studies.statistics` (training seeds resampled, then
 documents within each drawn seed; two arms paired by seed where they share their seeds) gives
 
 - per arm: the token-weighted held-out loss with its 95% CI;
@@ -36,8 +36,8 @@ import pandas as pd
 from longctx.data.arms import ARM_ORDER, arm_label
 from longctx.errors import LongctxError
 from longctx.eval.files import EVAL_DIR, HELD_OUT_ANSWERS_CSV, HELD_OUT_DOCUMENTS_CSV
-from longctx.experiments import statistics as st
-from longctx.experiments.sweep_files import read_table, require_runs, run_name, run_settings
+from studies import statistics as st
+from studies.sweep_files import read_table, require_runs, run_name, run_settings
 
 HELD_OUT_FILE = Path(EVAL_DIR) / HELD_OUT_DOCUMENTS_CSV
 ANSWERS_FILE = Path(EVAL_DIR) / HELD_OUT_ANSWERS_CSV  # longctx.eval.answer_loss

@@ -1,4 +1,4 @@
-"""python -m longctx.experiments.archive RUNS DEST: a sweep's results, kept without its checkpoints.
+"""python -m studies.archive RUNS DEST: a sweep's results, kept without its checkpoints.
 
 A result run's checkpoints stay on the machine that trained it (they are never committed). What
 the reports read (the metrics log, the suite's and the evaluations' files, Hydra's config) is
@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from longctx.cli import command
-from longctx.experiments.sweep_files import CSV_LOG, RECORD_FILE, is_archived_run, require_runs
 from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.io import make_readable
 from longctx.runs.folder import CHECKPOINTS, LOCK_FILE, RUN_MARKER
 from longctx.runs.record import read_stored_run
+from studies.sweep_files import CSV_LOG, RECORD_FILE, is_archived_run, require_runs
 
 # a run folder's own: its checkpoints (kept where they were trained), its lock, and the marker
 # that lets `overwrite` delete it (an archive is not a run folder)
@@ -108,7 +108,7 @@ def archive_runs(root: Path, dest: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     p = argparse.ArgumentParser(
-        prog="python -m longctx.experiments.archive", description=__doc__.split("\n")[0]
+        prog="python -m studies.archive", description=__doc__.split("\n")[0]
     )
     p.add_argument("runs", type=Path, help="a folder of run folders (any depth), or one run folder")
     p.add_argument("dest", type=Path, help="where their archives go (same relative paths)")

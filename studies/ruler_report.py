@@ -1,4 +1,4 @@
-"""python -m longctx.experiments.ruler_report ROOT: the suite per arm of a sweep, paired, with heat maps.
+"""python -m studies.ruler_report ROOT: the suite per arm of a sweep, paired, with heat maps.
 
 ROOT holds run folders (any depth) that the suite scored: ``eval/ruler/ruler_results.csv`` (the
 final ``python -m longctx.eval ... --suite ruler``) or else ``eval/ruler_results.csv`` (the in-loop
@@ -12,7 +12,7 @@ Every run was scored on the same instances (one instance seed), so arms are comp
   longctx.eval.ruler.effective_length's rules, printed with them), the relative one also per seed;
 - per arm against the control arm and length, on the suite score and on every task's: the
   difference with its 95% interval from the hierarchical bootstrap of
-  longctx.experiments.statistics (training seeds, then instances within each; paired by seed
+  studies.statistics (training seeds, then instances within each; paired by seed
   where the arms share their seeds) and a verdict; beside it the seed-level t interval over the
   per-seed differences and their signs (``seed_level``: with few seeds, the wider of the two);
 - beside the JSON: the per-instance rows (``_instances.csv.gz``) and per-seed suite scores
@@ -40,9 +40,9 @@ from longctx.errors import LongctxError
 from longctx.eval.files import EVAL_DIR, RULER_RESULTS_CSV, RULER_SUMMARY_JSON
 from longctx.eval.ruler.effective_length import relative_effective_length, ruler_effective_length
 from longctx.eval.ruler.generate import chance
-from longctx.experiments import statistics as st
-from longctx.experiments.ablation import verdict
 from longctx.synthetic.tasks import RULER_TASKS
+from studies import statistics as st
+from studies.ablation import verdict
 
 # the final evaluation (python -m longctx.eval ... --suite ruler), else the in-loop callback's
 RESULTS = (Path(EVAL_DIR) / "ruler" / RULER_RESULTS_CSV, Path(EVAL_DIR) / RULER_RESULTS_CSV)
@@ -52,14 +52,14 @@ INSTANCE = ["task", "length", "depth", "sample"]
 
 def arm_of(folder: Path, settings: dict, arm_by: str) -> str:
     """``settings``: the run's recorded {"model", "data", "run"}
-    (longctx.experiments.sweep_files)."""
+    (studies.sweep_files)."""
     if arm_by == "position":
         from longctx.data.arms import arm_label
 
         data = settings["data"]
         return arm_label(_bool(data["reset_position_ids"]), _bool(data["document_mask"]))
     if arm_by == "rope_arm":
-        from longctx.experiments.extension_report import arm_name
+        from studies.extension_report import arm_name
 
         return arm_name(folder)
     return str(settings["run"].get("group"))
@@ -72,7 +72,7 @@ def _bool(value) -> bool:
 def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
     """One row per (run, instance): arm, seed, run, train_len, task, length, depth, sample,
     score (results written before generation scoring: their teacher-forced ``correct``)."""
-    from longctx.experiments.sweep_files import find_runs, read_table, run_settings
+    from studies.sweep_files import find_runs, read_table, run_settings
 
     if arm_by not in ARM_BY:
         raise LongctxError(f"--arm-by {arm_by!r}; expected one of {ARM_BY}")
@@ -100,7 +100,7 @@ def load_results(root: str | Path, arm_by: str) -> pd.DataFrame:
 
 def instance_seed(path: Path) -> int:
     """The instance seed the CLI's ruler.json records (settings.instance_seed)."""
-    from longctx.experiments.sweep_files import read_json_file
+    from studies.sweep_files import read_json_file
 
     summary = read_json_file(path, "the suite's ruler.json")
     settings = summary.get("settings") if isinstance(summary, dict) else None
@@ -230,7 +230,7 @@ def _relative(scores: dict, anchor: int | None, floor: float) -> dict:
 
 def _pair(frame: pd.DataFrame, arm: str, control: str, n_boot: int, rng) -> dict:
     """arm - control per length, on the suite score and on each task's score: paired by
-    training seed (longctx.experiments.statistics) when the two arms share their seeds."""
+    training seed (studies.statistics) when the two arms share their seeds."""
     rows, tasks = [], []
     for length, at in frame.groupby("length"):
         a, b = at[at["arm"] == arm], at[at["arm"] == control]
@@ -312,7 +312,7 @@ def heatmaps(frame: pd.DataFrame, arms: Sequence[str], title: str):
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m longctx.experiments.ruler_report",
+    p = argparse.ArgumentParser(prog="python -m studies.ruler_report",
                                 description=__doc__.split("\n")[0])  # fmt: skip
     p.add_argument("root", type=Path, help="a folder holding the sweep's run folders")
     p.add_argument("--arm-by", choices=ARM_BY, required=True)

@@ -1,7 +1,7 @@
 """Score trained runs on held-out MQAR instances (longctx.eval.recall) and write per-instance
 CSVs: the associative-recall study's readout (docs/recall.md).
 
-    python -m longctx.experiments.recall RUN [RUN ...] --out DIR [--generate in_distribution]
+    python -m studies.recall RUN [RUN ...] --out DIR [--generate in_distribution]
 
 Every run is scored on the same instances (drawn from ``--instances-seed``, streams the training
 corpus never uses), read under its own arm (document mask, position ids), at its own row length
@@ -152,9 +152,7 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m longctx.experiments.recall", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m studies.recall", description=__doc__)
     parser.add_argument("runs", nargs="+", help="run folders or checkpoints")
     parser.add_argument("--out", required=True, help="folder for <name>.csv and <name>.json")
     parser.add_argument("--name", default=None, help="default: each run folder's name")

@@ -1,4 +1,4 @@
-"""python -m longctx.experiments.extension_report SWEEP: the context-extension recipe's table and figure.
+"""python -m studies.extension_report SWEEP: the context-extension recipe's table and figure.
 
 SWEEP is the multirun folder of ``experiment=context_extension``; each arm's evaluation
 (``python -m longctx.eval <arm>/checkpoints/last.ckpt``, written to ``<arm>/eval``) gives the loss
@@ -7,7 +7,7 @@ accuracy by length. Prints a Markdown table, and each arm's paired difference fr
 ``unchanged`` arm per octave with a 95% bootstrap interval over the held-out documents (the
 same documents scored by both arms); writes both to ``--json`` and draws the per-position curves
 of every arm to ``--out``. SWEEP may hold several training seeds' sweeps: the intervals then come
-from the hierarchical bootstrap of longctx.experiments.statistics (seeds, then documents within
+from the hierarchical bootstrap of studies.statistics (seeds, then documents within
 each; paired by seed with ``unchanged``, whose seed s continued the same stage 1); with one seed
 they cover document sampling only. Beside each bootstrap interval: the seed-level t interval over
 the per-seed differences and their signs (``seed_level``), which few seeds make the wider one. Beside the JSON: the per-document octave losses
@@ -34,8 +34,8 @@ from longctx.eval.files import (
     LONG_DOCUMENTS_CSV,
 )
 from longctx.eval.long_documents import octave_starts
-from longctx.experiments import statistics as st
-from longctx.experiments.sweep_files import read_json_file, read_table
+from studies import statistics as st
+from studies.sweep_files import read_json_file, read_table
 
 ARM_KEY = "rope_arm="
 BASELINE = "unchanged"
@@ -87,7 +87,7 @@ def paired_differences(
 ) -> list[dict]:
     """Each arm minus the unchanged-RoPE arm per octave, over the same documents and, where the
     arms share their training seeds (stage 2 of seed s continues stage 1 of seed s), paired by
-    seed (the hierarchical bootstrap of longctx.experiments.statistics). ``runs``: arm ->
+    seed (the hierarchical bootstrap of studies.statistics). ``runs``: arm ->
     {training seed: run folder} (a folder alone: one seed)."""
     runs = {arm: f if isinstance(f, dict) else {0: f} for arm, f in runs.items()}
     if BASELINE not in runs:
@@ -163,7 +163,7 @@ def plot(arms: dict[str, pd.DataFrame], seq_len: int, out: Path, title: str) -> 
 def arm_runs(root: Path) -> list[tuple[str, int, Path]]:
     """(arm, training seed, folder) of every context_extension arm under ``root``: one sweep
     folder, or a folder of several seeds' sweeps (seed<S>/multirun/train/<time>/rope_arm=...)."""
-    from longctx.experiments.sweep_files import find_runs, run_settings
+    from studies.sweep_files import find_runs, run_settings
 
     found = [f for f in find_runs(root) if ARM_KEY in f.name]
     if not found:
@@ -175,7 +175,7 @@ def arm_runs(root: Path) -> list[tuple[str, int, Path]]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m longctx.experiments.extension_report")
+    p = argparse.ArgumentParser(prog="python -m studies.extension_report")
     p.add_argument("sweep", type=Path,
                    help="the multirun folder of experiment=context_extension, or a folder of "
                         "several seeds' sweeps")  # fmt: skip

@@ -5,8 +5,8 @@ Every loader returns one tidy frame with the columns of :data:`COLUMNS`: one row
 ``reset_position_ids`` and ``document_mask`` and a readable label. Plots are matplotlib figures
 (Agg backend), saved as PNG, so they read the same with or without a notebook.
 
-    python -m longctx.experiments.analysis LOCAL_FOLDER --out docs/results/position_ablation/ablation.png
-    python -m longctx.experiments.analysis --wandb ENTITY/PROJECT --group position_ablation --out ablation.png
+    python -m studies.analysis LOCAL_FOLDER --out docs/results/position_ablation/ablation.png
+    python -m studies.analysis --wandb ENTITY/PROJECT --group position_ablation --out ablation.png
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from longctx.cli import command
 from longctx.data.arms import ARM_ORDER, arm_label
 from longctx.errors import LongctxError
 from longctx.eval.files import EVAL_DIR, PASSKEY_ACCURACY_CSV
-from longctx.experiments.ablation import format_summary, per_instance, summarize
-from longctx.experiments.statistics import write_per_instance
-from longctx.experiments.sweep_files import (
+from studies.ablation import format_summary, per_instance, summarize
+from studies.statistics import write_per_instance
+from studies.sweep_files import (
     CSV_LOG,
     find_runs,
     metrics_log,
@@ -259,7 +259,7 @@ def plot_position_loss(frame: pd.DataFrame, kind: str = "doc", step: int | None 
 
 def plot_held_out_bands(positions: pd.DataFrame, ax=None):
     """Held-out loss by in-document position bucket per arm, with its bootstrap CI as a band
-    (``positions``: the "positions" records of longctx.experiments.ablation.summarize)."""
+    (``positions``: the "positions" records of studies.ablation.summarize)."""
     if positions.empty:
         raise LongctxError("no held-out position records to plot")
     fig, ax = _axes(ax)
@@ -328,7 +328,7 @@ def _axes(ax):
 # ----------------------------------------------------------------------------------- CLI
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m longctx.experiments.analysis", description=__doc__.split("\n")[0]
+        prog="python -m studies.analysis", description=__doc__.split("\n")[0]
     )
     p.add_argument("folder", nargs="?", type=Path, help="local folder holding run folders")
     p.add_argument("--wandb", default=None, help="W&B ENTITY/PROJECT (instead of a folder)")

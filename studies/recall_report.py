@@ -2,9 +2,9 @@
 hierarchical seed-paired bootstrap and, beside it, a seed-level t interval; the masked pair's
 per-instance agreement; a figure of accuracy against distance per arm.
 
-    python -m longctx.experiments.recall_report SCORES_DIR --out DIR
+    python -m studies.recall_report SCORES_DIR --out DIR
 
-SCORES_DIR holds one ``<run>.csv`` per run (python -m longctx.experiments.recall). Writes
+SCORES_DIR holds one ``<run>.csv`` per run (python -m studies.recall). Writes
 ``recall.json``, ``recall_instances.csv.gz`` (every run's per-instance rows), ``recall_seeds.csv``
 (per-seed accuracies) and ``recall.png``.
 """
@@ -21,15 +21,15 @@ import numpy as np
 from longctx.cli import command
 from longctx.errors import LongctxError
 from longctx.eval.recall import CONDITIONS
-from longctx.experiments.statistics import (
+from longctx.io import atomic_write_bytes
+from studies.statistics import (
     arm_sample,
     difference,
     estimate,
     seed_level,
     write_per_instance,
 )
-from longctx.experiments.sweep_files import read_table
-from longctx.io import atomic_write_bytes
+from studies.sweep_files import read_table
 
 N_BOOT = 2000
 ARMS = {  # (document_mask, reset_position_ids) -> name
@@ -56,9 +56,7 @@ def read_scores(folder: Path):
 
     files = sorted(Path(folder).glob("*.csv"))
     if not files:
-        raise LongctxError(
-            f"{folder} holds no <run>.csv; expected python -m longctx.experiments.recall's"
-        )
+        raise LongctxError(f"{folder} holds no <run>.csv; expected python -m studies.recall's")
     frames = []
     for f in files:
         frame = read_table(f, numeric=NUMERIC, text=TEXT)
@@ -149,7 +147,7 @@ def figure(result: dict, path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m longctx.experiments.recall_report",
+    parser = argparse.ArgumentParser(prog="python -m studies.recall_report",
                                      description=__doc__)  # fmt: skip
     parser.add_argument("scores", help="folder of per-run CSVs")
     parser.add_argument("--out", required=True)

@@ -1,7 +1,7 @@
 """The run folders of a sweep and what each one's record says (longctx.runs.record).
 
 A run folder is what train.py writes (it holds checkpoints/), or its archive: the same files
-without the checkpoints and with the run's record as JSON (longctx.experiments.archive), which
+without the checkpoints and with the run's record as JSON (studies.archive), which
 the reports read alike."""
 
 from __future__ import annotations
