@@ -1,12 +1,12 @@
 """Data-parallel balance, predicted: Llama 3 8B on H100, the step's rows before and after
-longctx.distributed.dp_balance reorders them over (rank, micro-batch) slots.
+longctx.data.dp_balance reorders them over (rank, micro-batch) slots.
 
 Per length mix, documents are packed into rows by the best_fit packer (benchmarks/packing_plans.py
 plan_rows, buffer 1000, seed 0; one stream, rows in the order it emits them). Step s of a
 configuration (R data-parallel ranks x M accumulation micro-batches x 1 row) trains rows
 [s * R * M, (s + 1) * R * M); unbalanced, in round m rank r takes the step's micro-batch
 m * R + r (longctx/data/streams.py). A row costs the planner's roofline
-(``dp_balance.row_cost_for``: training FLOPs over 989 TFLOP/s x MFU 0.40), divided by the
+(``longctx.planner.dp_balance.row_cost_for``: training FLOPs over 989 TFLOP/s x MFU 0.40), divided by the
 context-parallel size that docs/planner.md's table needs on H100 (1 at 32k, 2 at 128k).
 
 Mixes: ``corpus`` (the embedded corpus's documents, epochs in seeded permutations, as the
@@ -40,15 +40,15 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from longctx import planner
 from longctx.data.corpus import default_corpus_dir
-from longctx.data.shards import ShardSet
-from longctx.distributed.dp_balance import (
+from longctx.data.dp_balance import (
     balance_step,
     max_lower_bound,
-    row_cost_for,
     unbalanced_step,
 )
+from longctx.data.shards import ShardSet
 from longctx.io import atomic_write_bytes
 from longctx.model import LlamaConfig
+from longctx.planner.dp_balance import row_cost_for
 
 RESULTS = Path(__file__).parent / "results" / "dp_balance.json"
 LENGTHS = (32768, 131072)

@@ -195,6 +195,10 @@ class DataConfig:
     loss_tokens: str = "all"
     # the key ids whose queries are answered: set by the datamodule for loss_tokens=answers
     answer_keys: tuple[int, int] | None = None
+    # reorder each optimizer step's rows over its (data-parallel rank, micro-batch) slots so the
+    # most loaded rank costs as little as found (longctx.data.dp_balance, docs/dp-balance.md):
+    # the step trains the same rows; every rank then packs every row of the step
+    dp_balance: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.shards, str):  # data.shards=/one/folder: one source, not its letters
@@ -215,6 +219,7 @@ class DataConfig:
         _require(
             self.add_bos in (None, True, False), "add_bos", self.add_bos, "true, false or null"
         )
+        _require(self.dp_balance in (True, False), "dp_balance", self.dp_balance, "true or false")
         if self.num_streams is not None:
             _require(self.num_streams >= 1, "num_streams", self.num_streams, ">= 1")
         _require(

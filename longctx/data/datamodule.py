@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from longctx.batch import PackedBatch
 from longctx.context_shard import data_parallel_rank_and_size
 from longctx.data.config import DataConfig
+from longctx.data.dp_balance import RowCost
 from longctx.data.packing import PackedRow, collate_rows, make_packer
 from longctx.data.run_tokenizer import data_folders
 from longctx.data.shards import Manifest, ShardSet, load_manifest
@@ -33,6 +34,7 @@ from longctx.data.streams import (
     FixedBatches,
     Progress,
     StageSchedule,
+    StepBalance,
     StreamPosition,
     TrainStream,
     check_state_version,
@@ -64,13 +66,15 @@ def _worker_init(worker_id: int, rank: int) -> None:
 class _TrainLoader(DataLoader):
     """A DataLoader that reads the resume position when an iterator starts."""
 
-    def __init__(self, dataset: TrainStream, progress: Progress, **kwargs) -> None:
+    def __init__(self, dataset: TrainStream, progress: Progress, balance, **kwargs) -> None:
+        """``balance``: the datamodule's step_balance, read when an iterator starts."""
         super().__init__(dataset, batch_size=None, collate_fn=_identity, **kwargs)
-        self.progress = progress
+        self.progress, self.balance = progress, balance
 
     def __iter__(self):
         self.dataset.start = self.progress.micro_batches
         self.dataset.positions = dict(self.progress.positions)
+        self.dataset.balance = self.balance()
         for batch in super().__iter__():
             if not self.progress.counted_by_trainer:
                 self.progress.record(batch)
@@ -89,15 +93,28 @@ class LongCtxDataModule(L.LightningDataModule):
         world_size: int | None = None,
         context_parallel: int = 1,
         accumulate_grad_batches: int = 1,
+        row_cost: RowCost | None = None,
     ) -> None:
         """rank / world_size: data-parallel ones, fixed here (tests) or taken from the trainer;
         context_parallel: ranks sharing each row, which all read the same batches;
-        accumulate_grad_batches: micro-batches per rank and step (where data.stages change)."""
+        accumulate_grad_batches: micro-batches per rank and step (where data.stages change, and
+        the steps data.dp_balance balances); row_cost: what a row costs, for data.dp_balance
+        (longctx.planner.dp_balance.row_cost_for: the planner's step-time model)."""
         super().__init__()
+        if config.dp_balance and row_cost is None:
+            raise LongctxError(
+                "data.dp_balance=true and no row cost was given; expected the planner's "
+                "(longctx.planner.dp_balance.row_cost_for), as the training app passes it"
+            )
         self.config = config
         self._rank, self._world = rank, world_size
         self.context_parallel = context_parallel
         self.accumulate_grad_batches = accumulate_grad_batches
+        self.row_cost = row_cost
+        # global micro-batches per optimizer step and where its steps began: a resume keeps
+        # the checkpoint's (elastic resume keeps the global batch; load_state_dict)
+        self._step_micro_batches: int | None = None
+        self._step_anchor = 0
         self._progress = Progress()
         self._folders: list[Path] | None = None
         self._manifests: list[Manifest] | None = None
@@ -242,7 +259,19 @@ class LongCtxDataModule(L.LightningDataModule):
             self.batches_per_epoch(),
             self.schedule(),
             slots,
+            self.step_balance(),
         )
+
+    def micro_batches_per_step(self) -> int:
+        """Global micro-batches of one optimizer step: ranks x accumulation, the checkpoint's
+        after a resume (kept as the module keeps its global batch: longctx.distributed.elastic)."""
+        return self._step_micro_batches or self.accumulate_grad_batches * self.world_size
+
+    def step_balance(self) -> StepBalance | None:
+        """How the train stream balances each step (data.dp_balance), or None."""
+        if not self.config.dp_balance:
+            return None
+        return StepBalance(self.row_cost, self.micro_batches_per_step(), self._step_anchor)
 
     def schedule(self) -> StageSchedule:
         """Where each stage starts, in global micro-batches (all ranks', accumulation's)."""
@@ -274,6 +303,7 @@ class LongCtxDataModule(L.LightningDataModule):
         return _TrainLoader(
             self.train_dataset(),
             self._progress,
+            self.step_balance,
             num_workers=workers,
             pin_memory=self.config.pin_memory and torch.cuda.is_available(),
             persistent_workers=False,  # each iterator must start at the current position
@@ -363,6 +393,9 @@ class LongCtxDataModule(L.LightningDataModule):
             "fingerprint": self._fingerprint(),
             "rows_consumed": self.schedule().rows_before(self._progress.micro_batches),
             "streams": {int(k): list(p) for k, p in self._progress.positions.items()},
+            # where the optimizer steps fall, which data.dp_balance balances
+            "micro_batches_per_step": self.micro_batches_per_step(),
+            "step_anchor": self._step_anchor,
         }
         states = [local]
         if self._gathers():  # every process; context-parallel ranks hold equal copies
@@ -392,6 +425,18 @@ class LongCtxDataModule(L.LightningDataModule):
             int(state["rows_consumed"])
         )
         self._progress.positions = {int(k): StreamPosition(*p) for k, p in state["streams"].items()}
+        self._keep_steps(state.get("micro_batches_per_step"), int(state.get("step_anchor", 0)))
+
+    def _keep_steps(self, saved: int | None, anchor: int) -> None:
+        """The checkpoint's steps: its global micro-batches per step on this many ranks (the
+        nearest whole accumulation, as the module keeps the global batch), where they began; a
+        changed global batch begins its steps here."""
+        if saved is None:  # written before data.dp_balance: the configured steps, from 0
+            return
+        world = self.world_size
+        self._step_micro_batches = max(1, round(saved / world)) * world
+        same = self._step_micro_batches == saved
+        self._step_anchor = anchor if same else self._progress.micro_batches
 
     def _gathers(self) -> bool:
         return (

@@ -60,6 +60,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from longctx.batch import PackedBatch
 from longctx.data.config import DataConfig
+from longctx.data.dp_balance import RowCost, StepPlan, balance_step
 from longctx.data.packing import PackedRow, collate_rows, make_packer
 from longctx.data.shards import ShardSet
 from longctx.errors import LongctxError
@@ -230,8 +231,10 @@ class BatchOrigin(NamedTuple):
 
     first: int  # the first global micro-batch of its round
     ranks: int  # data-parallel ranks in the round
-    stream: int
-    position: StreamPosition  # the stream's position after this batch (its stage included)
+    stage: int
+    # (stream, its position after this batch) to record once the batch is consumed: the batch's
+    # own stream; under data.dp_balance every stream of the step after its last round, none before
+    positions: tuple[tuple[int, StreamPosition], ...]
 
 
 @dataclasses.dataclass
@@ -366,8 +369,11 @@ class TrainStream(IterableDataset):
         batches_per_epoch: int,
         schedule: StageSchedule | None = None,
         slots: list[np.ndarray] | None = None,
+        balance: StepBalance | None = None,
     ) -> None:
+        """``balance``: reorder each optimizer step's rows over the ranks (data.dp_balance)."""
         self.sources, self.weights, self.config, self.pad_id = sources, weights, config, pad_id
+        self.balance = balance
         self.rank, self.world_size = rank, world_size
         self.batches_per_epoch = batches_per_epoch
         self.schedule = schedule or StageSchedule(config, 1)
@@ -387,25 +393,18 @@ class TrainStream(IterableDataset):
     def __iter__(self) -> Iterator[StreamBatch]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        streams: dict[tuple[int, int], BatchStream] = {}  # (stage, stream) -> stream
+        reader = StreamReader(self)
+        steps = BalancedSteps(self, reader) if self.balance else None
         for n in range(worker, self.rounds_left(), workers):
             first = self.start + n * self.world_size
-            stage = self.schedule.stage_of(first + self.rank)
-            local = first + self.rank - self.schedule.starts[stage]
-            k, index = micro_batch_source(local, self.config.effective_streams)
-            stream = streams.get((stage, k)) or streams.setdefault(
-                (stage, k), self.open_stream(k, stage)
-            )
-            if stream.batch_index > index:
-                raise RuntimeError(
-                    f"stream {k} is at batch {stream.batch_index}, past batch {index} that "
-                    f"global micro-batch {first + self.rank} needs: the resume state is inconsistent"
-                )
-            while stream.batch_index < index:  # batches of this stream other ranks/workers take
-                stream.next_rows()
-            rows = stream.next_rows()
-            origin = BatchOrigin(first, self.world_size, k, stream.position())
-            yield StreamBatch.of_rows(stream.collate(rows), rows, origin)
+            yield steps.batch(first) if steps else self.stream_batch(reader, first)
+
+    def stream_batch(self, reader: StreamReader, first: int) -> StreamBatch:
+        """This rank's micro-batch of the round from ``first``: global micro-batch
+        ``first + rank``, as the streams cut it."""
+        k, stream, rows = reader.read(first + self.rank)
+        origin = BatchOrigin(first, self.world_size, stream.stage, ((k, stream.position()),))
+        return StreamBatch.of_rows(stream.collate(rows), rows, origin)
 
     def open_stream(self, k: int, stage: int = 0) -> BatchStream:
         """Stream ``k`` in ``stage``, from its last known position, carried over the
@@ -434,6 +433,119 @@ class TrainStream(IterableDataset):
         return BatchStream.at(docs, self.schedule.configs[stage], self.pad_id, at)
 
 
+class StreamReader:
+    """Reads global micro-batches in increasing order (per stream) from a TrainStream's
+    streams, opened where its resume state says they stand."""
+
+    def __init__(self, dataset: TrainStream) -> None:
+        self.dataset = dataset
+        self.streams: dict[tuple[int, int], BatchStream] = {}  # (stage, stream) -> stream
+
+    def read(self, micro_batch: int) -> tuple[int, BatchStream, list[PackedRow]]:
+        """(stream k, the stream after it, the rows) of global micro-batch ``micro_batch``."""
+        d = self.dataset
+        stage = d.schedule.stage_of(micro_batch)
+        k, index = micro_batch_source(
+            micro_batch - d.schedule.starts[stage], d.config.effective_streams
+        )
+        stream = self.streams.get((stage, k)) or self.streams.setdefault(
+            (stage, k), d.open_stream(k, stage)
+        )
+        if stream.batch_index > index:
+            raise RuntimeError(
+                f"stream {k} is at batch {stream.batch_index}, past batch {index} that "
+                f"global micro-batch {micro_batch} needs: the resume state is inconsistent"
+            )
+        while stream.batch_index < index:  # batches of this stream other ranks/workers take
+            stream.next_rows()
+        return k, stream, stream.next_rows()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBalance:
+    """How the train stream balances each optimizer step (data.dp_balance): the row cost, the
+    global micro-batches of one step (data-parallel ranks x accumulation) and the global
+    micro-batch where a step began (0, or where a resume changed the global batch)."""
+
+    cost: RowCost
+    micro_batches_per_step: int
+    anchor: int = 0
+
+    def step_start(self, micro_batch: int) -> int:
+        """The first global micro-batch of the step that holds ``micro_batch``."""
+        steps = (micro_batch - self.anchor) // self.micro_batches_per_step
+        return self.anchor + steps * self.micro_batches_per_step
+
+
+@dataclasses.dataclass
+class BalancedStep:
+    """One optimizer step read whole: its rows in global order, the plan, and every stream's
+    position after it."""
+
+    start: int
+    rows: list[PackedRow]
+    plan: StepPlan
+    stream: BatchStream  # collates the step's rows (one stage)
+    positions: tuple[tuple[int, StreamPosition], ...]
+
+
+class BalancedSteps:
+    """A rank's micro-batches under data.dp_balance: every rank reads every row of the step,
+    computes the same plan (longctx.data.dp_balance.balance_step on the rows' costs), and
+    trains its slots; in round m of the step rank r trains ``plan.slots[r, m]``."""
+
+    def __init__(self, dataset: TrainStream, reader: StreamReader) -> None:
+        self.dataset, self.reader = dataset, reader
+        self.step: BalancedStep | None = None
+
+    def batch(self, first: int) -> StreamBatch:
+        d = self.dataset
+        start = d.balance.step_start(first)
+        if self.step is None or self.step.start != start:
+            self.step = self.read_step(start)
+        round_, rest = divmod(first - start, d.world_size)
+        if rest or first < d.balance.anchor:
+            raise RuntimeError(
+                f"the round from global micro-batch {first} does not start a round of the "
+                f"balanced step from {start} on {d.world_size} ranks: the resume state is "
+                "inconsistent (a checkpoint inside a step, resumed on another number of ranks?)"
+            )
+        rows = [self.step.rows[i] for i in self.step.plan.slots[d.rank, round_]]
+        last = round_ + 1 == self.step.plan.slots.shape[1]
+        stage = self.step.stream.stage
+        origin = BatchOrigin(first, d.world_size, stage, self.step.positions if last else ())
+        return StreamBatch.of_rows(self.step.stream.collate(rows), rows, origin)
+
+    def read_step(self, start: int) -> BalancedStep:
+        d, count = self.dataset, self.dataset.balance.micro_batches_per_step
+        rows: list[PackedRow] = []
+        positions: dict[int, StreamPosition] = {}
+        stages = set()
+        for u in range(start, start + count):
+            k, stream, micro = self.reader.read(u)
+            rows += micro
+            positions[k], stages = stream.position(), stages | {stream.stage}
+        if len(stages) > 1:
+            raise RuntimeError(
+                f"the step from global micro-batch {start} spans stages {sorted(stages)}: "
+                "stages change only at step boundaries"
+            )
+        seq_lens = pad_lengths([row.seq_lens for row in rows])
+        costs = d.balance.cost.costs(seq_lens, document_mask=stream.config.document_mask)
+        plan = balance_step(
+            costs, d.world_size, count // d.world_size, stream.config.micro_batch_size
+        )
+        return BalancedStep(start, rows, plan, stream, tuple(sorted(positions.items())))
+
+
+def pad_lengths(seq_lens: list[np.ndarray]) -> np.ndarray:
+    """[rows, S] segment lengths, zero padded (PackedBatch.seq_lens' layout)."""
+    out = np.zeros((len(seq_lens), max(len(n) for n in seq_lens)), dtype=np.int64)
+    for i, n in enumerate(seq_lens):
+        out[i, : len(n)] = n
+    return out
+
+
 class FixedBatches(IterableDataset):
     def __init__(self, batches: list[PackedBatch]) -> None:
         self.batches = batches
@@ -460,14 +572,14 @@ class Progress:
     def record(self, batch: PackedBatch) -> None:
         if not isinstance(batch, StreamBatch) or batch.origin is None:
             return  # a validation batch
-        first, ranks, stream, position = batch.origin
+        first, ranks, _, positions = batch.origin
         if first != self.micro_batches:
             raise RuntimeError(
                 f"a train batch of the round from global micro-batch {first} arrived, expected "
                 f"the round from {self.micro_batches}: the batch order is broken (was the "
                 "iterator shared?)"
             )
-        self.positions[stream] = position
+        self.positions.update(positions)
         self.micro_batches = first + ranks
 
 

@@ -29,8 +29,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from longctx.cli import USER_ERRORS, exit_on_user_error
 from longctx.data.arms import arm_description
+from longctx.data.dp_balance import RowCost
 from longctx.distributed.slurm import slurm_plugins
 from longctx.errors import LongctxError
+from longctx.planner.dp_balance import training_row_cost
 from longctx.runs.checkpoints import AtomicCheckpointIO, ResumePoint, remove_stale_temp_files
 from longctx.runs.folder import (
     HydraWrites,
@@ -55,7 +57,7 @@ from longctx.train.dry_run import dry_run_report
 from longctx.train.loggers import make_loggers
 from longctx.train.nonfinite import NonFiniteStep
 from longctx.train.optim_config import OptimConfig
-from longctx.train.options import init_from_note
+from longctx.train.options import check_planner, init_from_note
 from longctx.train.preflight import ConfigError, instantiate_config, preflight
 from longctx.train.process import teardown, writes_run_folder
 
@@ -113,8 +115,9 @@ def train(cfg: DictConfig, output_dir: Path, start: RunStart | None) -> dict:
     if device.type == "cpu":
         retain_freed_memory()
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = build_datamodule(data_config, model_config, parallel, optim)
-    module = build_module(cfg, model_config, optim, datamodule.eos_id, parallel)
+    row_cost = run_row_cost(cfg, model_config, data_config, parallel)
+    datamodule = build_datamodule(data_config, model_config, parallel, optim, row_cost)
+    module = build_module(cfg, model_config, optim, datamodule.eos_id, parallel, row_cost)
     # after every refusal the data and the model can raise: an overwrite deletes the previous
     # run only once this start is known to begin
     resume = start_point(cfg, output_dir, identity, start)
@@ -219,13 +222,32 @@ def optim_config(node: DictConfig) -> OptimConfig:
         raise ConfigError(str(err)) from err
 
 
-def build_datamodule(data_config, model_config, parallel, optim: OptimConfig):
+def run_row_cost(cfg: DictConfig, model_config, data_config, parallel) -> RowCost | None:
+    """The planner's row cost (longctx.planner.dp_balance) that data.dp_balance balances and
+    train/dp_work_imbalance weighs with: seconds at peak_flops_per_device x planner.mfu, FLOPs
+    where no peak is set; None for a model the planner does not cover (refused with
+    data.dp_balance=true)."""
+    settings = check_planner(cfg)
+    cost = training_row_cost(
+        model_config, cfg.get("peak_flops_per_device"), settings.mfu, parallel.context_parallel
+    )
+    if cost is None and data_config.dp_balance:
+        raise ConfigError(
+            f"data.dp_balance=true: the row cost is the planner's FLOP model, which covers "
+            f"longctx's Llama only, not {type(model_config).__name__}; expected model=tiny or "
+            "llama3_*, or data.dp_balance=false"
+        )
+    return cost
+
+
+def build_datamodule(data_config, model_config, parallel, optim: OptimConfig, row_cost=None):
     from longctx.data import LongCtxDataModule
 
     datamodule = LongCtxDataModule(
         data_config,
         context_parallel=parallel.context_parallel,
         accumulate_grad_batches=optim.accumulate_grad_batches,
+        row_cost=row_cost,
     )
     datamodule.prepare_data()
     try:
@@ -235,7 +257,9 @@ def build_datamodule(data_config, model_config, parallel, optim: OptimConfig):
     return datamodule
 
 
-def build_module(cfg: DictConfig, model_config, optim: OptimConfig, eos_id: int, parallel):
+def build_module(
+    cfg: DictConfig, model_config, optim: OptimConfig, eos_id: int, parallel, row_cost=None
+):
     from longctx.train.module import LongCtxModule
 
     return LongCtxModule(
@@ -247,6 +271,7 @@ def build_module(cfg: DictConfig, model_config, optim: OptimConfig, eos_id: int,
         context_parallel=parallel.context_parallel,
         context_parallel_rounds=parallel.context_parallel_rounds,
         context_parallel_balance=parallel.context_parallel_balance,
+        row_cost=row_cost,
     )
 
 

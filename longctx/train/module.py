@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from longctx.batch import PackedBatch
 from longctx.context_shard import ContextShard, context_shard, gather_row
 from longctx.cp_balance import DEFAULT_BALANCE, PlanStats, context_parallel_metrics
+from longctx.data.dp_balance import RowCost, imbalance
 from longctx.data.streams import StreamBatch
 from longctx.distributed.context_parallel import all_gather_over, context_parallel_group
 from longctx.distributed.elastic import GlobalBatch, resume_accumulation
@@ -118,9 +119,11 @@ class LongCtxModule(L.LightningModule):
         context_parallel: int = 1,
         context_parallel_rounds: int = 1,
         context_parallel_balance: str = DEFAULT_BALANCE,
+        row_cost: RowCost | None = None,
     ) -> None:
         """``optim``: the optimizer, schedule and step settings (conf/optim/, checked by
-        OptimConfig)."""
+        OptimConfig); ``row_cost``: the planner's cost of a row, which weighs each rank's rows
+        for train/dp_work_imbalance (longctx.planner.dp_balance.training_row_cost)."""
         super().__init__()
         if context_parallel != 1 and not model_config.supports_context_parallel:
             raise LongctxError(
@@ -139,6 +142,7 @@ class LongCtxModule(L.LightningModule):
         self.context_parallel = context_parallel
         self.context_parallel_rounds = context_parallel_rounds
         self.context_parallel_balance = context_parallel_balance
+        self.row_cost = row_cost
         self.cp_group = None  # set in setup() once the process group exists
         self.allow_global_batch_change = optim.allow_global_batch_change
         self.nonfinite = NonFiniteGuard(optim.skip_nonfinite)
@@ -301,13 +305,15 @@ class LongCtxModule(L.LightningModule):
         numbers are the rows' own, counted once."""
         self._micro += 1
         origin = batch.origin if isinstance(batch, StreamBatch) else None  # knows its stage
-        self._stage, self._seq_len = (origin.position.stage if origin else 0), batch.shape[1]
+        self._stage, self._seq_len = (origin.stage if origin else 0), batch.shape[1]
         self._loss_sum += loss_sum.float()
         self._num_targets += num_tokens
         self._num_input_tokens += batch.tokens.numel() // self.context_parallel
         if self.peak_flops_per_device:
             self._flops += self.model.estimate_flops(batch.seq_lens) / self.context_parallel
         self._batch_stats.append(self._packing_stats(batch))
+        if self.row_cost is not None:
+            self._rank_cost += float(self.row_cost.costs(batch.seq_lens.cpu().numpy()).sum())
 
     def _optimizer_step(self) -> None:
         opt, sched = self.optimizers(), self.lr_schedulers()
@@ -386,6 +392,7 @@ class LongCtxModule(L.LightningModule):
             metrics["train/packing_efficiency"] = efficiency
             metrics["train/docs_per_row"] = docs_per_row
         metrics.update(context_parallel_metrics(self._cp_plans))
+        metrics.update(self._data_parallel_metrics())
         if self.peak_flops_per_device:
             metrics["train/mfu"] = self._flops / elapsed / self.peak_flops_per_device
         if self.nonfinite.skipped:
@@ -404,7 +411,20 @@ class LongCtxModule(L.LightningModule):
         self._flops = 0.0
         self._batch_stats: list[tuple[float, float]] = []
         self._cp_plans: list[PlanStats] = []
+        self._rank_cost = 0.0  # predicted cost of this rank's rows in the step (row_cost)
         self._step_start = time.perf_counter()
+
+    def _data_parallel_metrics(self) -> dict[str, float]:
+        """``train/dp_work_imbalance``: max / mean over the ranks of the predicted cost of their
+        rows in the step (the planner's row cost; data.dp_balance lowers it). Context-parallel
+        ranks share rows, so they count equal copies: the max and mean of the data-parallel
+        ranks'. Empty without a row cost."""
+        if self.row_cost is None:
+            return {}
+        costs = torch.tensor([self._rank_cost], dtype=torch.float64, device=self.device)
+        if self.trainer.world_size > 1:
+            costs = self.all_gather(costs)
+        return {"train/dp_work_imbalance": imbalance(costs.reshape(-1).cpu().numpy())}
 
     # -------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:

@@ -32,7 +32,7 @@ STAGED = dict(
 
 
 def origins(batches) -> list[int]:
-    return [b.origin.position.stage for b in batches]
+    return [b.origin.stage for b in batches]
 
 
 def test_rows_grow_stage_by_stage(tmp_path):

@@ -396,7 +396,7 @@ def test_train_batches_declare_their_origin_and_keep_it_when_moved(tmp_path):
     (batch,) = take(dm, 1)
     moved = batch.to("cpu")
     assert isinstance(moved, StreamBatch) and moved.origin == batch.origin
-    assert batch.origin.first == 0 and batch.origin.position.batches == 1
+    assert batch.origin.first == 0 and batch.origin.positions[0][1].batches == 1
 
 
 def test_held_out_documents_are_the_val_split_and_asking_for_more_is_refused(corpus):

@@ -1,4 +1,4 @@
-"""The data-parallel balancer (longctx.distributed.dp_balance): a permutation of the step's rows,
+"""The data-parallel balancer (longctx.data.dp_balance): a permutation of the step's rows,
 deterministic, never worse than LPT, and its cost model the planner's."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 
 from longctx import planner
-from longctx.distributed.dp_balance import (
+from longctx.data.dp_balance import (
     RowCost,
     balance_step,
     imbalance,
     lpt_partition,
     max_lower_bound,
-    row_cost_for,
     unbalanced_step,
 )
 from longctx.model import LlamaConfig
 from longctx.model.flops import matmul_params
+from longctx.planner.dp_balance import row_cost_for
 from longctx.planner.layout import row_lengths
 from longctx.planner.step_time import step_time
 

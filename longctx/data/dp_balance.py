@@ -8,10 +8,11 @@ micro-batches; the step's rows, and so its tokens, loss and gradients, are the s
 
 - The cost of a row (:class:`RowCost`) is linear in its tokens plus attention in
   ``sum(l_i^2)`` over its segments (the pad tail is a segment too: it is computed). Its two
-  coefficients, in seconds, come from the planner's roofline (:func:`row_cost_for`): the
-  model's training FLOPs per token and per squared in-document token
-  (``longctx.model.flops.training_flops``, the formula the planner's step time uses) over
-  peak FLOP/s x MFU, so the same numbers plan and balance.
+  coefficients, in seconds, come from the planner's roofline
+  (``longctx.planner.dp_balance.row_cost_for``): the model's training FLOPs per token and per
+  squared in-document token (``longctx.model.flops.training_flops``, the formula the planner's
+  step time uses) over peak FLOP/s x MFU, so the same numbers plan and balance. Pure numpy
+  here, below the model, so the train stream (``longctx.data.streams``) balances with it.
 - The step's ``R x M x b`` rows (R ranks, M micro-batches per rank, b rows per micro-batch)
   are first split over the ranks, ``M x b`` rows each, then each rank's rows over its M
   micro-batches, ``b`` rows each, by the same :func:`partition`: LPT (longest first, each row
@@ -40,10 +41,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from longctx.errors import LongctxError
-from longctx.model.flops import matmul_params, training_flops
 
 # A swap must lower the pair's maximum by more than this fraction of it (float noise is no gain).
 SWAP_TOLERANCE = 1e-12
@@ -80,27 +79,6 @@ class RowCost:
         tokens = lens.sum(axis=1)
         squares = (lens**2).sum(axis=1) if document_mask else tokens**2
         return self.linear_per_token * tokens + self.attention_per_sq_token * squares
-
-
-def row_cost_for(config, device, mfu: float) -> RowCost:
-    """The planner's step-time model as a row cost for ``config`` (a LlamaConfig) on ``device``
-    (a ``longctx.planner.Device``: its ``peak_flops``) at ``mfu`` (``planner.mfu``): the
-    training FLOPs of one token and of one squared in-document token, over peak x MFU.
-
-    Per GPU of a data-parallel rank; a context-parallel group of c GPUs divides it by c."""
-    peak = getattr(device, "peak_flops", None)
-    if not _is_number(peak) or not math.isfinite(peak) or peak <= 0:
-        raise LongctxError(
-            f"peak FLOP/s of the device ({peak!r}); expected a finite positive number "
-            "(set peak_flops_per_device)"
-        )
-    if not _is_number(mfu) or not 0 < mfu <= 1:
-        raise LongctxError(f"planner.mfu={mfu!r}; expected a fraction in (0, 1]")
-    one_token = torch.ones(1, 1)
-    linear = training_flops(matmul_params(config), 0, 0, 0, one_token)
-    attention = training_flops(0, config.head_dim, config.n_heads, config.n_layers, one_token)
-    throughput = peak * mfu
-    return RowCost(linear / throughput, attention / throughput)
 
 
 # --------------------------------------------------------------------------- partition
