@@ -13,6 +13,7 @@ from longctx.data.tokenizer import TOKENIZER_IDS
 from longctx.distributed.layout import ParallelConfig
 from longctx.model.attention import resolve_backend
 from longctx.model.interface import ModelSpec
+from longctx.planner.dp_balance import expected_dp_balance, format_dp_balance
 from longctx.train.optim_config import OptimConfig
 from longctx.train.options import check_planner
 from longctx.train.preflight import ConfigError, available_memory_bytes, sharded_strategy
@@ -66,7 +67,12 @@ def dry_run_report(
     except planner.PlanError as err:
         raise ConfigError(str(err)) from err
     print(planner.format_plan(capacity))
-    return report | {"plan": planner.plan_dict(capacity)}
+    plan = planner.plan_dict(capacity)
+    balance = expected_dp_balance(model_config, capacity, data_config.dp_balance)
+    if balance is not None:
+        print(format_dp_balance(balance))
+        plan["dp_balance"] = asdict(balance) | {"speedup": balance.speedup}
+    return report | {"plan": plan}
 
 
 def vocabulary_line(vocab_size: int, tokenizer: str | None) -> str:

@@ -232,6 +232,38 @@ def test_dry_run_prints_the_plan_and_allocates_nothing(tmp_path, capsys):
     assert report["plan"]["fits"] is True
 
 
+def test_dry_run_reports_the_data_parallel_balance_both_ways(tmp_path, capsys):
+    """Llama 3 8B at 32k on 64 H100s (FSDP2), accumulation 4, a long-tailed lognormal mix:
+    the plan predicts the rank-work imbalance and step time with and without data.dp_balance,
+    the balanced step faster; one document per row leaves nothing to balance."""
+    overrides = [
+        *FAST,
+        "model=llama3_8b",
+        "data.seq_len=32768",
+        "data.micro_batch_size=1",
+        "trainer=fsdp",
+        "trainer.num_nodes=8",
+        "trainer.devices=8",
+        "optim.accumulate_grad_batches=4",
+        "planner.device=H100",
+        "planner.doc_length_median=2000",
+        "planner.doc_length_sigma=2.0",
+        "data.dp_balance=true",
+        "dry_run=true",
+    ]
+    report = run(compose(overrides, output_dir=tmp_path))
+    out = capsys.readouterr().out
+    assert "data-parallel balance (data.dp_balance=on; 64 ranks x 4 rows per step" in out
+    balance = report["plan"]["dp_balance"]
+    assert balance["imbalance_before"] > balance["imbalance_after"] >= 1.0
+    assert balance["step_s_before"] > balance["step_s_after"] > 0 and balance["speedup"] > 1
+    worst_case = [o for o in overrides if "doc_length" not in o and "dp_balance" not in o]
+    report = run(compose(worst_case, output_dir=tmp_path / "one"))
+    balance = report["plan"]["dp_balance"]
+    assert balance["imbalance_before"] == balance["imbalance_after"] == 1.0
+    assert "data.dp_balance=off" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "overrides, names",
     [
