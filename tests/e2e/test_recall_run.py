@@ -17,12 +17,15 @@ from studies.recall import length_distances
 
 @pytest.mark.slow
 def test_a_trained_recall_run_is_scored_per_instance(tmp_path):
-    run_train(["experiment=recall", "run_name=r", "logger=csv", "data.seq_len=256",
-               "data.shards=[{mqar: {documents: 500, seed: 0, val_documents: 50}}]",
-               "data.val_rows=1", "data.micro_batch_size=2", "trainer.max_steps=3",
-               "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
-               f"paths.cache_dir={tmp_path / 'cache'}"], tmp_path)  # fmt: skip
-    assert len(list((tmp_path / "cache").glob("mqar_s0_*/manifest.json"))) == 1
+    tiny = ["logger=csv", "data.seq_len=256", "data.val_rows=1", "data.micro_batch_size=2",
+            "trainer.max_steps=3", "trainer.val_check_interval=3",
+            "trainer.enable_progress_bar=false", f"paths.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    stage1 = "data.shards=[{mqar: {documents: 500, seed: 0, val_documents: 50, max_pairs: 4}}]"
+    run_train(["experiment=recall_stage1", "run_name=s1", stage1, *tiny], tmp_path)
+    run_train(["experiment=recall", "run_name=r", f"model.init_from={tmp_path}/outputs/train/s1",
+               "data.shards=[{mqar: {documents: 500, seed: 0, val_documents: 50}}]", *tiny],
+              tmp_path)  # fmt: skip
+    assert len(list((tmp_path / "cache").glob("mqar_s0_*/manifest.json"))) == 2
     run, out = tmp_path / "outputs" / "train" / "r", tmp_path / "scored"
     cmd = [sys.executable, "-m", "studies.recall", str(run), "--out", str(out),
            "--rows", "1", "--docs", "1", "--generate", "in_distribution"]  # fmt: skip
