@@ -23,6 +23,18 @@ the bound is loose: ``optimum`` (after_over_optimum_max over the steps solved, 1
 after_over_dual_bound_max over the MILP's dual bound where it was not solved in time).
 
     .venv/bin/python benchmarks/bench_dp_balance.py     # -> results/dp_balance.json, ~1 min
+
+``--measure``: measured on this CPU, 2 gloo ranks (forked, one thread each), a tiny Llama
+(dim 64, 1 layer, 2 heads of 32) with document-masked SDPA (per-document, no L x L mask), rows
+of L = 16k packed (best_fit) from the long-tailed mix, MEASURE_ACCUMULATION rows per rank per
+step (one row per micro-batch). Each of MEASURE_STEPS steps runs unbalanced and balanced in turn
+(which goes first alternates), timed from a barrier to the end of the gradient all-reduce (the
+step time: the slowest rank). Per micro-batch, its seconds and the row's sum of squared
+document lengths are kept to check the cost model: a least-squares fit of
+t = a + c x sum(l^2) (every row has L tokens, so the linear term is the constant a), against
+the planner's ratio of linear to attention FLOPs for this model.
+
+    .venv/bin/python benchmarks/bench_dp_balance.py --measure   # -> results/dp_balance_measured.json
 """
 
 from __future__ import annotations
@@ -31,26 +43,41 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from packing_plans import plan_rows
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from longctx import planner
+from longctx.batch import PackedBatch
 from longctx.data.corpus import default_corpus_dir
 from longctx.data.dp_balance import (
+    RowCost,
     balance_step,
     max_lower_bound,
     unbalanced_step,
 )
 from longctx.data.shards import ShardSet
 from longctx.io import atomic_write_bytes
-from longctx.model import LlamaConfig
-from longctx.planner.dp_balance import row_cost_for
+from longctx.model import Llama, LlamaConfig
+from longctx.planner.dp_balance import row_cost_for, row_flops
 
 RESULTS = Path(__file__).parent / "results" / "dp_balance.json"
+MEASURED = Path(__file__).parent / "results" / "dp_balance_measured.json"
+MEASURE_LENGTH = 16384
+MEASURE_RANKS = 2
+MEASURE_ACCUMULATION = 4
+MEASURE_STEPS = 12
+MEASURE_MODEL = dict(
+    dim=64, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=128, vocab_size=256,
+    max_seq_len=MEASURE_LENGTH, attn_backend="sdpa",
+)  # fmt: skip
 LENGTHS = (32768, 131072)
 CONTEXT_PARALLEL = {32768: 1, 131072: 2}  # Llama 3 8B on H100: results/planning_table.json
 RANKS = (8, 64)
@@ -238,5 +265,129 @@ def print_row(r: dict, header: bool) -> None:
     )
 
 
+# --------------------------------------------------------------------------- measured (CPU)
+def measure_worker(rank: int, seq_lens: np.ndarray, port: int, out: Path) -> None:
+    """One gloo rank: every step unbalanced and balanced (alternating first), timed."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=MEASURE_RANKS)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(**MEASURE_MODEL))
+    cost = RowCost(*row_flops(model.config))
+    per_step = MEASURE_RANKS * MEASURE_ACCUMULATION
+    steps, micro = [], []
+    timed_step(model, seq_lens[:MEASURE_ACCUMULATION], rank, micro=[])  # warm-up
+    for s in range(MEASURE_STEPS):
+        lens = seq_lens[s * per_step : (s + 1) * per_step]
+        args = (MEASURE_RANKS, MEASURE_ACCUMULATION, 1)
+        plans = {"unbalanced": unbalanced_step(cost.costs(lens), *args),
+                 "balanced": balance_step(cost.costs(lens), *args)}  # fmt: skip
+        row = {"step": s}
+        for name in sorted(plans, reverse=s % 2 == 1):  # alternate which runs first
+            mine = lens[plans[name].slots[rank].reshape(-1)]
+            row[name + "_s"] = timed_step(model, mine, rank, micro)
+            row[name + "_imbalance"] = plans[name].imbalance
+        steps.append(row)
+    if rank == 0:
+        out.write_text(json.dumps({"steps": steps}))
+    gathered = [None] * MEASURE_RANKS
+    dist.all_gather_object(gathered, micro)
+    if rank == 0:
+        data = json.loads(out.read_text())
+        out.write_text(json.dumps(data | {"micro_batches": sum(gathered, [])}))
+    dist.destroy_process_group()
+
+
+def timed_step(model, rows: np.ndarray, rank: int, micro: list) -> float:
+    """Seconds from a barrier to the end of the gradient all-reduce (the slowest rank's step);
+    each micro-batch's own seconds appended to ``micro``."""
+    model.zero_grad(set_to_none=True)
+    dist.barrier()
+    started = time.perf_counter()
+    for lens in rows:
+        lens = [int(n) for n in lens if n > 0]
+        tokens = torch.randint(0, 256, (1, MEASURE_LENGTH))
+        batch = PackedBatch.from_lengths(tokens, [lens], reset_position_ids=True)
+        t = time.perf_counter()
+        loss_sum, _ = model.loss(batch)
+        loss_sum.backward()
+        squares = float(sum(n * n for n in lens))
+        micro.append({"rank": rank, "sum_sq": squares, "s": time.perf_counter() - t})
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    return time.perf_counter() - started
+
+
+def measure_main() -> None:
+    started, load_before = time.perf_counter(), os.getloadavg()
+    per_step = MEASURE_RANKS * MEASURE_ACCUMULATION
+    seq_lens = packed_rows("long_tail", MEASURE_LENGTH, MEASURE_STEPS * per_step)
+    out = MEASURED.with_suffix(".partial")
+    port = 29000 + os.getpid() % 2000
+    mp.start_processes(
+        measure_worker, args=(seq_lens, port, out), nprocs=MEASURE_RANKS, start_method="fork"
+    )
+    data = json.loads(out.read_text())
+    out.unlink()
+    summary = measured_summary(data["steps"]) | {"cost_model": cost_fit(data["micro_batches"])}
+    meta = {
+        "model": MEASURE_MODEL, "L": MEASURE_LENGTH, "ranks": MEASURE_RANKS,
+        "accumulation": MEASURE_ACCUMULATION, "rows_per_micro_batch": 1,
+        "steps": MEASURE_STEPS, "mix": "long_tail, best_fit", "threads_per_rank": 1,
+        "platform": platform.platform(), "cpus": os.cpu_count(),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "seconds": time.perf_counter() - started,
+    }  # fmt: skip
+    atomic_write_bytes(
+        MEASURED, json.dumps({"meta": meta, "summary": summary} | data, indent=1).encode()
+    )
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {MEASURED} in {meta['seconds']:.0f} s (load average {os.getloadavg()})")
+
+
+def measured_summary(steps: list[dict]) -> dict:
+    """Step time balanced vs unbalanced: the ratio of the sums, and the per-step ratios' spread
+    (median, min, max; bootstrap 95% interval of the ratio of sums over steps)."""
+    before = np.array([s["unbalanced_s"] for s in steps])
+    after = np.array([s["balanced_s"] for s in steps])
+    ratios = before / after
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(steps), (10_000, len(steps)))
+    boot = before[picks].sum(axis=1) / after[picks].sum(axis=1)
+    return {
+        "step_s": {"unbalanced": float(before.mean()), "balanced": float(after.mean())},
+        "speedup": float(before.sum() / after.sum()),
+        "speedup_ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+        "per_step_ratio": {
+            "median": float(np.median(ratios)),
+            "min": float(ratios.min()),
+            "max": float(ratios.max()),
+        },  # fmt: skip
+        "predicted_imbalance": {
+            "unbalanced": float(np.mean([s["unbalanced_imbalance"] for s in steps])),
+            "balanced": float(np.mean([s["balanced_imbalance"] for s in steps])),
+        },
+    }
+
+
+def cost_fit(micro: list[dict]) -> dict:
+    """Least squares t = a + c * sum(l^2) over the measured micro-batches, against the
+    planner's ratio (linear FLOPs of L tokens over attention FLOPs per squared token)."""
+    x = np.array([m["sum_sq"] for m in micro])
+    t = np.array([m["s"] for m in micro])
+    (a, c), *_ = np.linalg.lstsq(np.c_[np.ones_like(x), x], t, rcond=None)
+    predicted = a + c * x
+    r2 = 1 - ((t - predicted) ** 2).sum() / ((t - t.mean()) ** 2).sum()
+    linear, attention = row_flops(LlamaConfig(**MEASURE_MODEL))
+    return {
+        "fit_a_s": float(a), "fit_c_s_per_sq_token": float(c), "r2": float(r2),
+        "fit_ratio_a_over_c": float(a / c),
+        "planner_ratio_linear_L_over_attention": linear * MEASURE_LENGTH / attention,
+        "implied_gflops_attention": attention / c / 1e9,
+        "implied_gflops_linear": linear * MEASURE_LENGTH / a / 1e9,
+        "micro_batches": len(micro),
+    }  # fmt: skip
+
+
 if __name__ == "__main__":
-    main()
+    measure_main() if "--measure" in sys.argv[1:] else main()
