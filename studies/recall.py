@@ -1,4 +1,4 @@
-"""Score trained runs on held-out MQAR instances (longctx.eval.recall) and write per-instance
+"""Score trained runs on held-out MQAR instances (studies.recall_conditions) and write per-instance
 CSVs: the associative-recall study's readout (docs/recall.md).
 
     python -m studies.recall RUN [RUN ...] --out DIR [--generate in_distribution]
@@ -26,7 +26,10 @@ from longctx.data.config import MqarCorpus
 from longctx.errors import LongctxError
 from longctx.eval.cli import load_model
 from longctx.eval.files import write_json, write_rows
-from longctx.eval.recall import (
+from longctx.hf.config_targets import CONFIG_TARGETS
+from longctx.runs.record import read_stored_run
+from longctx.synthetic.mqar import MqarSpec
+from studies.recall_conditions import (
     CONDITIONS,
     Arm,
     RecallRow,
@@ -38,9 +41,6 @@ from longctx.eval.recall import (
     records,
     teacher_forced,
 )
-from longctx.hf.config_targets import CONFIG_TARGETS
-from longctx.runs.record import read_stored_run
-from longctx.synthetic.mqar import MqarSpec
 
 EVAL_STREAM = 0x72656361  # the instances' streams: [seed, EVAL_STREAM, condition, i]
 LENGTH_PAIRS = 8  # pairs of a length-condition document

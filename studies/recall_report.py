@@ -20,8 +20,8 @@ import numpy as np
 
 from longctx.cli import command
 from longctx.errors import LongctxError
-from longctx.eval.recall import CONDITIONS
 from longctx.io import atomic_write_bytes
+from studies.recall_conditions import CONDITIONS
 from studies.statistics import (
     arm_sample,
     difference,

@@ -39,7 +39,7 @@ from longctx.synthetic.mqar import EOS, FILLER, KIND, MqarSpec, MqarVocab, token
 
 SHARD_TOKENS = 1 << 24
 # the corpus's random streams are [seed, STREAM, split]: the held-out instances of
-# longctx.eval.recall draw from streams of their own, never these
+# studies.recall_conditions draw from streams of their own, never these
 STREAM = 0x6D716172
 
 

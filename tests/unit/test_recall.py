@@ -18,8 +18,6 @@ from longctx.data.config import DataConfig
 from longctx.data.mqar_corpus import STREAM, mqar_dir, write_corpus
 from longctx.data.packing import collate_rows, make_packer
 from longctx.data.shards import ShardSet, load_manifest
-from longctx.eval import recall
-from longctx.eval.recall import Arm
 from longctx.model import Llama, LlamaConfig
 from longctx.synthetic.mqar import (
     EOS,
@@ -31,6 +29,8 @@ from longctx.synthetic.mqar import (
     power_law_gaps,
     tokenizer_spec,
 )
+from studies import recall_conditions
+from studies.recall_conditions import Arm
 
 VOCAB = MqarVocab(64, 64)
 SPEC = MqarSpec(VOCAB, min_pairs=2, max_pairs=16)
@@ -255,7 +255,7 @@ def test_a_bad_mqar_entry_is_refused_naming_it(entry, named):
 # --------------------------------------------------------------------------- the conditions
 def test_an_interference_row_rebinds_every_scored_key_in_an_earlier_document():
     for seed in range(60):
-        row = recall.interference_row(np.random.default_rng(seed), SPEC, 256)
+        row = recall_conditions.interference_row(np.random.default_rng(seed), SPEC, 256)
         assert row.scored == (len(row.docs) - 1,) and len(row.docs) >= 2
         target = row.docs[-1]
         earlier = {}  # key -> the values earlier documents bind it to
@@ -278,22 +278,22 @@ def test_rows_shorter_than_the_longest_document_are_refused(condition):
     with pytest.raises(
         ValueError, match=f"rows of 50 tokens .*longest document \\({SPEC.max_doc_len}"
     ):
-        getattr(recall, condition)(np.random.default_rng(0), SPEC, 50)
+        getattr(recall_conditions, condition)(np.random.default_rng(0), SPEC, 50)
 
 
 def test_a_length_document_puts_its_first_query_at_least_the_target_past_its_key():
     for distance in (8, 100, 161, 512, 1024):
         for seed in range(20):
-            row = recall.length_document(np.random.default_rng(seed), SPEC, 8, distance)
+            row = recall_conditions.length_document(np.random.default_rng(seed), SPEC, 8, distance)
             assert row.distances()[0] >= distance and row.target_distance == distance
             assert row.packed().labels.tolist().count(IGNORE_INDEX) == row.length - 8
 
 
 def test_records_name_condition_distance_and_correctness():
-    row = recall.length_document(np.random.default_rng(0), SPEC, 4, 64)
+    row = recall_conditions.length_document(np.random.default_rng(0), SPEC, 4, 64)
     predictions = row.answers().copy()
     predictions[1] += 1
-    out = list(recall.records([row], predictions))
+    out = list(recall_conditions.records([row], predictions))
     assert [r["correct"] for r in out] == [1, 0, 1, 1]
     assert {r["condition"] for r in out} == {"length"} and {r["target_distance"] for r in out} == {
         64
@@ -302,12 +302,12 @@ def test_records_name_condition_distance_and_correctness():
 
 
 def test_a_prefix_batch_is_the_batch_of_the_cut_tokens():
-    row = recall.in_distribution_row(np.random.default_rng(0), SPEC, 256)
+    row = recall_conditions.in_distribution_row(np.random.default_rng(0), SPEC, 256)
     packed = row.packed()
     for arm in ARMS:
-        full = recall.batch_of([row], arm)
+        full = recall_conditions.batch_of([row], arm)
         for n in (1, int(packed.seq_lens[0]), int(packed.seq_lens[0]) + 1, 200, 256):
-            cut = recall._prefix(full, n)
+            cut = recall_conditions._prefix(full, n)
             ends = np.cumsum(packed.seq_lens)
             lens = [int(x) for x in packed.seq_lens[: int(np.searchsorted(ends, n)) + 1]]
             lens[-1] -= int(sum(lens)) - n
@@ -324,33 +324,34 @@ def test_a_prefix_batch_is_the_batch_of_the_cut_tokens():
 def test_generation_agrees_with_teacher_forcing_on_every_query(arm):
     model = tiny_llama(1)
     rng = np.random.default_rng(5)
-    packed = recall.in_distribution_row(rng, SPEC, 256)
+    packed = recall_conditions.in_distribution_row(rng, SPEC, 256)
     # a prefill per query: the last two documents' queries (after others in the row) suffice
     packed = dataclasses.replace(packed, scored=packed.scored[-2:])
-    for row in (packed, recall.interference_row(rng, SPEC, 256)):
-        forced = recall.teacher_forced(model, [row], arm)
+    for row in (packed, recall_conditions.interference_row(rng, SPEC, 256)):
+        forced = recall_conditions.teacher_forced(model, [row], arm)
         assert len(forced) == len(row.answers()) > 0
-        assert recall.generated(model, row, arm).tolist() == forced.tolist()
+        assert recall_conditions.generated(model, row, arm).tolist() == forced.tolist()
 
 
 def test_the_masked_pair_predicts_alike_under_reset_and_continuous_positions():
     model = tiny_llama(2)
     rng = np.random.default_rng(6)
-    rows = [recall.in_distribution_row(rng, SPEC, 256) for _ in range(2)]
-    rows += [recall.interference_row(rng, SPEC, 256) for _ in range(2)]
+    rows = [recall_conditions.in_distribution_row(rng, SPEC, 256) for _ in range(2)]
+    rows += [recall_conditions.interference_row(rng, SPEC, 256) for _ in range(2)]
     for row in rows:
         with torch.no_grad():
             logits = {
-                reset: model.labelled_logits(recall.batch_of([row], Arm(True, reset)))
+                reset: model.labelled_logits(recall_conditions.batch_of([row], Arm(True, reset)))
                 for reset in (True, False)
             }
-        reset = recall.teacher_forced(model, [row], Arm(True, True))
-        continuous = recall.teacher_forced(model, [row], Arm(True, False))
+        reset = recall_conditions.teacher_forced(model, [row], Arm(True, True))
+        continuous = recall_conditions.teacher_forced(model, [row], Arm(True, False))
         assert reset.tolist() == continuous.tolist()
         torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
     # without the mask the positions matter: the unmasked pair differs somewhere
     unmasked = [
-        model.labelled_logits(recall.batch_of(rows[:1], Arm(False, r))) for r in (True, False)
+        model.labelled_logits(recall_conditions.batch_of(rows[:1], Arm(False, r)))
+        for r in (True, False)
     ]
     assert not torch.allclose(unmasked[0], unmasked[1], atol=1e-4)
 
