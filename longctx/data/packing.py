@@ -100,11 +100,6 @@ class PackingStats:
                 self.splits += start + length < length_of(doc)
         self.rows += 1
 
-    def as_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out.update(efficiency=self.efficiency, docs_per_row=self.docs_per_row)
-        return out
-
 
 # --------------------------------------------------------------------------- planners
 class _ConcatChunkPlanner:

@@ -74,10 +74,6 @@ class SdpaPlan:
         """(n_docs, pad_len) of every SDPA call: direct runs first, then padded buckets."""
         return tuple((n, pad_len) for _, n, pad_len in self.direct) + self.padded_shapes
 
-    @property
-    def num_slots(self) -> int:
-        return sum(n * pad_len for n, pad_len in self.bucket_shapes)
-
 
 def group_documents(lengths: list[int], pad_budget: int) -> list[list[int]]:
     """Group document indices (into ``lengths``) so that each group is one padded SDPA call.
