@@ -26,6 +26,25 @@ p.add_argument("--lr", type=float, default=1e-3)
 p.add_argument("--wd", type=float, default=0.1)
 p.add_argument("--warmup", type=int, default=100)
 p.add_argument("--steps", type=int, default=2000)
+p.add_argument(
+    "--stop",
+    type=int,
+    default=None,
+    help="stop early at this step (the schedule still spans --steps)",
+)
+p.add_argument(
+    "--curriculum",
+    type=int,
+    default=0,
+    help="steps over which the most pairs grow from 4 to --dmax",
+)
+p.add_argument(
+    "--stage1",
+    type=int,
+    default=0,
+    help="first train this many steps on documents of at most 4 pairs (own warmup and cosine),"
+    " then a fresh optimizer and schedule over --steps on the full mix: train.py's two stages",
+)
 p.add_argument("--row", type=int, default=512)
 p.add_argument("--rows", type=int, default=8)
 p.add_argument("--dmin", type=int, default=2)
@@ -44,9 +63,21 @@ torch.manual_seed(a.seed)
 vocab = MqarVocab(a.keys, a.keys)
 
 
+current_step = 10**9  # held-out rows (drawn before training) use the full mix
+
+
+def most_pairs():
+    # the curriculum: few pairs first (the plateau breaks fast there), geometric growth to --dmax
+    if a.stage1:
+        return 4 if current_step <= a.stage1 else a.dmax
+    if not a.curriculum or current_step >= a.curriculum:
+        return a.dmax
+    return round(4 * (a.dmax / 4) ** (current_step / a.curriculum))
+
+
 def draw_pairs(rng):
     # log-uniform: long-tailed lengths, many short documents
-    return int(round(math.exp(rng.uniform(math.log(a.dmin), math.log(a.dmax)))))
+    return int(round(math.exp(rng.uniform(math.log(a.dmin), math.log(most_pairs())))))
 
 
 def doc(rng):
@@ -96,10 +127,18 @@ cfg = LlamaConfig(
     loss_chunk_size=8192,
 )
 model = cfg.build()
-opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.wd, betas=(0.9, 0.95))
-sched = torch.optim.lr_scheduler.LambdaLR(
-    opt, lambda s: min(1, (s + 1) / a.warmup) * 0.5 * (1 + math.cos(math.pi * min(1, s / a.steps)))
-)
+
+
+def optimizer(steps):
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.wd, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: min(1, (s + 1) / a.warmup) * 0.5 * (1 + math.cos(math.pi * min(1, s / steps))),
+    )
+    return opt, sched
+
+
+opt, sched = optimizer(a.stage1 or a.steps)
 eval_batches = [packed(np.random.default_rng(10_000 + i), a.rows) for i in range(4)]
 
 
@@ -119,14 +158,17 @@ def accuracy():
 
 rng = np.random.default_rng(a.seed)
 t0, tokens, log = time.time(), 0, []
-for step in range(1, a.steps + 1):
+for step in range(1, (a.stop or a.steps) + 1):
+    current_step = step
+    if a.stage1 and step == a.stage1 + 1:
+        opt, sched = optimizer(a.steps - a.stage1)
     b = packed(rng, a.rows)
     loss_sum, n = model.loss(b)
     (loss_sum / n).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step(), opt.zero_grad(), sched.step()
     tokens += b.tokens.numel()
-    if step % a.every == 0 or step == a.steps:
+    if step % a.every == 0 or step == (a.stop or a.steps):
         acc = accuracy()
         row = dict(
             step=step,
