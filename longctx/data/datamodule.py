@@ -26,7 +26,7 @@ from longctx.batch import PackedBatch
 from longctx.context_shard import data_parallel_rank_and_size
 from longctx.data.config import DataConfig
 from longctx.data.dp_balance import RowCost
-from longctx.data.packing import PackedRow, collate_rows, make_packer
+from longctx.data.packing import PackedRow, collate_rows
 from longctx.data.run_tokenizer import data_folders
 from longctx.data.shards import Manifest, ShardSet, load_manifest
 from longctx.data.streams import (
@@ -40,6 +40,7 @@ from longctx.data.streams import (
     check_state_version,
     long_token_share,
     merge_rank_states,
+    packer_for,
     slot_probabilities,
     upsampled_slots,
 )
@@ -326,15 +327,7 @@ class LongCtxDataModule(L.LightningDataModule):
         self._open()  # the manifest's pad and BOS
         folder = self.folders()[0]
         val = ShardSet(folder, "val")
-        packer = make_packer(
-            self.config.packer,
-            self.config.seq_len,
-            pad_id=self.pad_id,
-            buffer_size=self.config.buffer_size,
-            seed=self.config.seed,
-            bos_id=self.config.bos_id,
-            answer_keys=self.config.answer_keys,
-        )
+        packer = packer_for(self.config, self.pad_id, self.config.seed)
         docs = (val.document(i) for i in range(val.num_documents))
         rows = list(itertools.islice(packer.pack(docs), self.config.val_rows))
         if len(rows) < self.config.val_rows:

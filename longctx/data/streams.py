@@ -61,7 +61,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from longctx.batch import PackedBatch
 from longctx.data.config import DataConfig
 from longctx.data.dp_balance import RowCost, StepPlan, balance_step
-from longctx.data.packing import PackedRow, collate_rows, make_packer
+from longctx.data.packing import PackedRow, Packer, collate_rows, make_packer
 from longctx.data.shards import ShardSet
 from longctx.errors import LongctxError
 
@@ -165,16 +165,20 @@ class RowStream:
             chunk, skip = chunk + 1, 0
 
     def _packer(self, chunk: int):
-        seed = _mix(self.config.seed, self.docs.stream, chunk)
-        return make_packer(
-            self.config.packer,
-            self.config.seq_len,
-            pad_id=self.pad_id,
-            buffer_size=self.config.buffer_size,
-            seed=seed,
-            bos_id=self.config.bos_id,
-            answer_keys=self.config.answer_keys,
-        )
+        return packer_for(self.config, self.pad_id, _mix(self.config.seed, self.docs.stream, chunk))
+
+
+def packer_for(config: DataConfig, pad_id: int, seed: int) -> Packer:
+    """The packer ``config`` names, with its buffer, BOS and answer keys."""
+    return make_packer(
+        config.packer,
+        config.seq_len,
+        pad_id=pad_id,
+        buffer_size=config.buffer_size,
+        seed=seed,
+        bos_id=config.bos_id,
+        answer_keys=config.answer_keys,
+    )
 
 
 def _mix(*values: int) -> int:

@@ -18,7 +18,7 @@ import lightning as L
 import torch
 
 from longctx.errors import LongctxError
-from longctx.eval.documents import document_batches, mean_loss, score_documents
+from longctx.eval.documents import document_batches, eval_mode, mean_loss, score_documents
 from longctx.eval.files import (
     EVAL_DIR,
     HELD_OUT_DOCUMENTS_CSV,
@@ -128,14 +128,8 @@ class PositionLossCurves(L.Callback):
         tokenizer = dm.tokenizer()
         lengths = self._probe_lengths(dm.config.seq_len)
         probes = make_probes(tokenizer, lengths, self.probe_depths, self.probe_samples, self.seed)
-        model = pl_module.model
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                return score_probes(model, probes, self.probe_batch_size, pl_module.device)
-        finally:
-            model.train(was_training)
+        with eval_mode(pl_module.model) as model, torch.no_grad():
+            return score_probes(model, probes, self.probe_batch_size, pl_module.device)
 
     def _log_wandb_probe(self, trainer: L.Trainer, table: list[dict]) -> None:
         runs = wandb_runs(trainer)

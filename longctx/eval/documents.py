@@ -10,6 +10,7 @@ bootstrap of :mod:`studies.ablation` resamples: same documents in every arm.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -96,19 +97,23 @@ def document_records(
 def score_documents(model, batches, device: torch.device, forward_context=None) -> list[dict]:
     """Per (document, bucket) records of ``model.token_loss`` over :func:`document_batches`."""
     records = []
+    with eval_mode(model):
+        for batch, rows in batches:
+            with (forward_context or contextlib.nullcontext)():
+                token_loss = model.token_loss(batch.to(device))
+            records += document_records(token_loss.float().cpu(), batch, rows)
+    return records
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """``model`` in eval mode, then back in the mode it was in (callbacks score mid-training)."""
     was_training = model.training
     model.eval()
     try:
-        for batch, rows in batches:
-            if forward_context is None:
-                token_loss = model.token_loss(batch.to(device))
-            else:
-                with forward_context():
-                    token_loss = model.token_loss(batch.to(device))
-            records += document_records(token_loss.float().cpu(), batch, rows)
+        yield model
     finally:
         model.train(was_training)
-    return records
 
 
 def mean_loss(records: Sequence[dict]) -> float:

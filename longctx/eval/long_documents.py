@@ -11,6 +11,7 @@ trained on, ``[L, 2L)`` and ``[2L, 4L)`` are extrapolation.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from longctx.errors import LongctxError
-from longctx.eval.documents import document_batches, document_records
+from longctx.eval.documents import document_batches, document_records, eval_mode
 
 
 def check_eval_length(length: int, max_seq_len: int, what: str) -> None:
@@ -117,21 +118,14 @@ def score_long_documents(
     check_eval_length(length, max_seq_len, f"{factor} x seq_len={seq_len}")
     starts = octave_starts(seq_len, factor)
     out = {"curve": [], "octaves": []}
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for batch, rows in document_batches(docs, length, 1, pad_id):
             batch = batch.to(device)
-            if forward_context is None:
+            with (forward_context or contextlib.nullcontext)():
                 token_loss = model.token_loss(batch)
-            else:
-                with forward_context():
-                    token_loss = model.token_loss(batch)
             token_loss, batch = token_loss.float().cpu(), batch.to("cpu")
             out["curve"] += document_records(token_loss, batch, rows)
             out["octaves"] += document_records(token_loss, batch, rows, starts)
-    finally:
-        model.train(was_training)
     return out
 
 
