@@ -6,25 +6,8 @@ function of the row's segment lengths alone: every rank computes the whole plan 
 needs all of it to put the gathered rows back in order), and a resumed run, on any number of
 ranks, shards a row as any other run would. A rank's tokens stay in row order.
 
-A rank's attention work under the document mask is the number of in-document causal pairs of
-its queries: a query at in-document position p attends to p + 1 keys.
-
-- ``head_tail``: the row is cut into 2N chunks and rank r takes chunks r and 2N-1-r (an early
-  chunk with a late one). Blind to documents: one long document makes its late chunk's rank
-  the bottleneck.
-- ``rounds``: head-tail in each of k segments of the row (``context_parallel_rounds``): finer
-  interleaving evens out the work, but every chunk edge that cuts a document adds a piece.
-- ``documents``: whole documents go to ranks, longest first (LPT), each to the rank whose
-  *projected* work is least among those with room for it; only a document that fits nowhere,
-  or would lift a rank's projected work past the mean by more than ``WHOLE_TOLERANCE``, is
-  split (:func:`document_owner`). Then the heaviest and the lightest rank trade equal numbers
-  of tokens, dense for light, until the heaviest is within ``EVEN_TOLERANCE`` of the lightest
-  (:func:`even_out`).
-
-A split document is cut into head-tail pairs: a head piece [x, x+a) and its mirror
-[n-x-a, n-x) of a document of n tokens hold a(n+1) causal pairs whatever x, so a split hands
-any rank any number of its tokens at one work per token, (n+1)/2, and water-filling
-(:func:`water_fill`) gives each receiving rank the tokens that lift it to a common level.
+The balancers (``head_tail``, ``rounds``, ``documents``), the head-tail pairs a split document
+is cut into and the water-filling of their shares: docs/context-parallel-balance.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Data-parallel balance: which (rank, micro-batch) slot of an optimizer step trains each row.
 
 Every optimizer step waits for its slowest data-parallel rank, and under document masks the
-rows of a step differ widely in cost: a packed row's attention work is the sum of its
-documents' squared lengths, so at 128k a row holding one book costs several times a row of a
-hundred web pages. Balancing reorders the step's rows over the ranks and their accumulation
-micro-batches; the step's rows, and so its tokens, loss and gradients, are the same.
-
-- The cost of a row (:class:`RowCost`) is linear in its tokens plus attention in
-  ``sum(l_i^2)`` over its segments (the pad tail is a segment too: it is computed). Its two
-  coefficients, in seconds, come from the planner's roofline
-  (``longctx.planner.dp_balance.row_cost_for``): the model's training FLOPs per token and per
-  squared in-document token (``longctx.model.flops.training_flops``, the formula the planner's
-  step time uses) over peak FLOP/s x MFU, so the same numbers plan and balance. Pure numpy
-  here, below the model, so the train stream (``longctx.data.streams``) balances with it.
-- The step's ``R x M x b`` rows (R ranks, M micro-batches per rank, b rows per micro-batch)
-  are first split over the ranks, ``M x b`` rows each, then each rank's rows over its M
-  micro-batches, ``b`` rows each, by the same :func:`partition`: LPT (longest first, each row
-  to the least loaded part with room; ties by row index), then pairwise swaps between the
-  most loaded part and any other while a swap lowers the pair's maximum (bounded, and until
-  it is within 0.1% of the mean); the ranks' swaps also start from today's order, and the
-  better result is kept. A rank's
-  micro-batches go most costly first, so under FSDP2 (which synchronises ranks at every layer
-  of every micro-batch) the costly micro-batches of all ranks run in the same round.
-- Deterministic: no randomness, ties broken by global row index, so every rank computes the
-  identical assignment from the same costs.
-- :func:`max_lower_bound`: no assignment's most loaded rank costs less. Where it exceeds the
-  mean by more than a target (one row costs more than a rank's share, say), no balancer
-  reaches the target.
+rows of a step differ widely in cost. Balancing reorders the step's rows over the ranks and
+their accumulation micro-batches; the step's rows, and so its tokens, loss and gradients, are
+the same. Deterministic (ties broken by global row index), so every rank computes the identical
+assignment. Pure numpy, below the model, so the train stream balances with it. The cost model
+and the partition (LPT, then pairwise swaps): docs/dp-balance.md.
 
 Slot order is the datamodule's (longctx/data/streams.py): in accumulation round m, rank r
 trains global micro-batch ``m * R + r``; unbalanced, slot (r, m, p) holds the step's global

@@ -1,13 +1,10 @@
 """Held-out loss that needs retrieval: the NLL of the answer tokens of held-out long-range documents.
 
-The held-out loss on book chapters (:class:`longctx.eval.callbacks.HeldOutDocumentLoss`) barely
-needs anything far back. Here every scored token needs it: fixed documents of the
-out-of-distribution tasks (:mod:`longctx.synthetic.ood`: a value stated once, asked again later),
-drawn from their own stream (``held_out_answers/<seed>/...``, never a training document's
-``synthesize/...``) into the run's validation text, each scored alone (masked, positions from 0)
-on its answer tokens only: the values a query repeats, which only retrieval predicts. Every arm
-is scored on identical documents, so the ablation report
-(:mod:`studies.ablation`) pairs them.
+The held-out loss on book chapters barely needs anything far back; here every scored token
+needs it: fixed documents of the out-of-distribution tasks (:mod:`longctx.synthetic.ood`), drawn
+from their own stream (``held_out_answers/<seed>/...``, never a training document's), each
+scored alone on its answer tokens only. Every arm is scored on identical documents, so the
+ablation report (:mod:`studies.ablation`) pairs them.
 
     callbacks: HeldOutAnswerLoss -> <run>/eval/held_out_answers.csv (step, doc, task, tokens,
     loss_sum) and val/answer_loss

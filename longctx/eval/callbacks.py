@@ -1,12 +1,9 @@
 """Lightning callback: the per-position loss curve (and the passkey probe) into the run folder and W&B.
 
 The module's validation already logs every bucket as a scalar (``val/loss_by_abs_pos/<start>``);
-this callback adds what scalars cannot show: the whole curve at each validation, as
-``<out>/position_loss.csv`` (one row per step, kind and bucket, appended) and
-``<out>/position_loss_step<N>.json``, and, when a W&B logger is attached, a W&B table with a line
-plot per kind. At the end of fit it runs the passkey probe (``probe=True``) and writes
-``<out>/passkey_probes.csv`` / ``passkey_accuracy.csv`` (plus a W&B table). ``<out>`` defaults to
-``<trainer.default_root_dir>/eval``, the run folder's ``eval/``.
+this callback adds what scalars cannot show: the whole curve at each validation (CSV, JSON and a
+W&B table) and, at the end of fit, the passkey probe. ``<out>`` defaults to the run folder's
+``eval/``; the files are longctx.eval.files'.
 """
 
 from __future__ import annotations

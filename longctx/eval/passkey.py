@@ -1,16 +1,10 @@
 """The passkey probe: the ``lc_passkey`` task of the effective-length suite (longctx.eval.ruler).
 
-A probe of length ``n`` is a prompt of ``n - 16`` tokens (the task's generation budget, as every
-suite task leaves one): filler sentences, with the needle ("The pass key is 48213. Remember it.")
-inserted between two of them at ``depth`` (0 = the start of the context, 1 = after the last whole
-sentence), then the question ("What is the pass key? The pass key is"); the answer digits follow.
-The answer is teacher-forced: the model is scored on its argmax prediction of every answer token
-given everything before it, so no generation loop is needed. A probe is correct when every answer
-token is predicted right.
-
-The probe's filler is the suite's noise haystack (sentences from a small fixed vocabulary), so
-the same seed gives the same probes on every machine; the suite scores the same task on any
-haystack. This module keeps the probe's own result rows (``passkey`` per probe) and table.
+A probe of length ``n`` is a prompt of ``n - 16`` tokens (the task's generation budget) with the
+needle at ``depth``, then the question; the answer digits follow, teacher-forced (no generation
+loop): a probe is correct when every answer token is the argmax. The filler is the suite's noise
+haystack, so the same seed gives the same probes on every machine. This module keeps the
+probe's own result rows (``passkey`` per probe) and table.
 """
 
 from __future__ import annotations

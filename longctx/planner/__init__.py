@@ -1,12 +1,6 @@
 """Capacity planner: per-rank memory and step time of a training run, before anything is allocated.
 
 ``dry_run=true`` prints a :class:`CapacityPlan` of a :class:`RunLayout` on a :class:`Device`.
-Modules: ``settings`` (the ``planner`` config group, the stated numbers, :class:`PlanError`),
-``device`` (the accelerator and its runtime baseline), ``layout`` (the run over ranks and the
-rows of documents it computes), ``memory`` (the per-rank memory terms), ``cp_simulation``
-(context parallelism's expected work imbalance), ``step_time`` (the roofline), ``capacity``
-(one layout's plan), ``search`` (:func:`plan`, with the smallest change that fits) and
-``report`` (the printed plan and the record's dict).
 
     python benchmarks/plan_table.py   # docs/planner.md's Llama 3 8B table -> results/planning_table.json
 """

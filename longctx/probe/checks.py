@@ -1,23 +1,13 @@
 """The leak probe's checks: pure functions over a model and packed rows (no Hydra, no Lightning).
 
 Given the rows a run trains on and the model as the run calls it (its backend, precision and
-context-parallel split), four checks say whether documents stay apart:
+context-parallel split), four checks (``boundary_loss``, ``positions``, ``isolation``,
+``equivalence``) say whether documents stay apart: docs/leak-probe.md.
 
-- ``boundary_loss``: no target crosses a document boundary and pad tails carry no loss, in the
-  labels the model receives.
-- ``positions``: the position ids the model receives are the arm's (reset at every document start,
-  or continuous 0..L-1), on every context-parallel shard.
-- ``isolation``: perturbing the tokens of one document moves neither the logits nor the per-token
-  loss of any other segment of its row beyond the tolerance.
-- ``equivalence``: each segment run alone (same position ids) gives the logits and losses it has
-  in the row, within a tolerance stated per dtype.
-
-The tolerances come from measurements, not assumptions: the unperturbed forward is repeated (the
-noise floor, the negative control) and a token inside a document is perturbed (the positive
-control, which must move that document's later outputs by far more than the isolation tolerance,
-or the probe could not see a leak at all). A tolerance is the larger of ``NOISE_FACTOR`` times the
-noise floor and a per-dtype floor relative to the outputs' magnitude. All values are relative:
-``max |difference| / max |reference output|`` over the batch.
+The tolerances come from measurements, not assumptions: the repeated unperturbed forward (the
+noise floor) and a perturbed token inside a document (the positive control, which must move
+that document's later outputs, or the probe could not see a leak at all). All values are
+relative: ``max |difference| / max |reference output|`` over the batch.
 
 Under context parallelism every rank compares the outputs of its own tokens and the per-segment
 maxima are reduced over the world, so every rank reaches the same verdict. All ranks must call
@@ -323,6 +313,13 @@ class NoiseFloor:
         floor = floors.get(self.dtype, floors[torch.float32])
         return max(NOISE_FACTOR * getattr(self, which), floor)
 
+    def relative(self, diffs: Tensor) -> Tensor:
+        """[2, ...] max |difference| of (logits, loss) over the world, relative to their scales."""
+        diffs = _all_reduce(diffs, dist.ReduceOp.MAX).cpu()
+        diffs[0] /= self.logits_scale
+        diffs[1] /= self.loss_scale
+        return diffs
+
     def results(self, rows: str) -> list[Result]:
         note = f"{NOISE_REPEATS} repeats, {_dtype_name(self.dtype)}"
         return [
@@ -369,19 +366,18 @@ def isolation(
             for r in range(b):
                 moved[w, r, j] = _segment_max(diff_BL[r], doc_ids[r], num_segments)
     control = _positive_control(target, probed, ref, seed)
-    moved = _all_reduce(moved, dist.ReduceOp.MAX).cpu()
+    moved = noise.relative(moved)
     moved[:, :, range(num_segments), range(num_segments)] = 0  # a segment's own change
-    moved[0] /= noise.logits_scale
-    moved[1] /= noise.loss_scale
-    tol_logits = noise.tolerance("isolation", "logits", override)
-    tol_loss = noise.tolerance("isolation", "loss", override)
-    results = [_control_result(probed, control, noise, tol_logits)]
-    for w, (name, tol) in enumerate(
-        [("isolation/logits", tol_logits), ("isolation/loss", tol_loss)]
-    ):
-        where = _first_leak(probed, moved[w], tol)
+    tols = [noise.tolerance("isolation", which, override) for which in ("logits", "loss")]
+    results = [_control_result(probed, control, noise, tols[0])]
+    for w, which in enumerate(("logits", "loss")):
+        where = _first_leak(probed, moved[w], tols[w])
         verdict = "fail" if where else "pass"
-        results.append(Result(name, probed.name, float(moved[w].max()), tol, verdict, where))
+        results.append(
+            Result(
+                f"isolation/{which}", probed.name, float(moved[w].max()), tols[w], verdict, where
+            )
+        )
     return results
 
 
@@ -501,9 +497,7 @@ def equivalence(
             d_logits = (ref.logits[r, local].float() - logits[0, at].float()).abs().max()
             d_loss = (ref.loss[r, local] - loss[0, at].float()).abs().max()
             diffs[:, r, k] = torch.stack([d_logits, d_loss])
-    diffs = _all_reduce(diffs, dist.ReduceOp.MAX).cpu()
-    diffs[0] /= noise.logits_scale
-    diffs[1] /= noise.loss_scale
+    diffs = noise.relative(diffs)
     results = []
     for w, which in enumerate(("logits", "loss")):
         tol = noise.tolerance("equivalence", which, override)

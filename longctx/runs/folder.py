@@ -1,31 +1,9 @@
 """One run folder, one writer; its first config kept; a start takes back what it added; an
 overwrite deletes only a longctx run.
 
-* Where. ``run_name`` is one folder name; the run folder is a real folder directly inside the
-  runs root (not a symbolic link, not outside it once links are resolved).
-* Lock. The process that trains into a run folder (global rank 0) holds an exclusive
-  ``flock`` on ``<run>/.lock`` for its whole life; the file names the holder. A second run
-  into the same folder is refused, naming it. The kernel drops the lock when the holder dies
-  (kill -9 included), so a crashed run never blocks its own resume.
-* Config. Hydra writes ``.hydra/config.yaml`` at every start. The first start of a run keeps
-  that place; every later start (a resume, a refused attempt) writes ``.hydra/restart-N/``,
-  so the run's original config is never overwritten.
-* Marker. A start that is not refused writes ``.longctx-run`` into a folder that was new or empty
-  before it (or already marked): the folder is a longctx run's, which ``overwrite=true`` may
-  delete. The marker names the folder it was made in (its real path): a marker that names
-  another folder (copied or moved with a run) or none (a user's file, an older longctx's) does
-  not verify, and a folder without a verified marker is never deleted.
-* Overwrite. The marked folder is renamed aside in one step (a hidden sibling), a new folder
-  takes its name with this start's own files (lock, job log, config), and the renamed one is
-  deleted; symbolic links inside are unlinked, never followed. A crash at any point leaves the
-  old run whole, or the new folder and a hidden remainder: never a half-deleted run.
-* Undo. What the folder held before Hydra made it or wrote into it is noted as it happens (by
-  the run-folder resolver, the Hydra callback for ``hydra.run.dir=...``, the sweep-folder
-  resolver, or at the latest the config-folder resolver), never guessed afterwards. A refused
-  start (any error before its first training step) removes exactly what appeared since (its
-  metrics, its ``.hydra`` or ``.hydra/restart-N``, the lock and job log it created, its
-  marker), and the folder only when this start created it: a user's files there, an
-  ``app.log`` among them, are kept as they were.
+How (the lock, the config kept at ``.hydra/restart-N/``, the ``.longctx-run`` marker that names
+its folder, the overwrite renamed aside in one step, the undo of a refused start):
+docs/reliability.md.
 """
 
 from __future__ import annotations

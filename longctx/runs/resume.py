@@ -1,25 +1,14 @@
 """Resume policy: which checkpoint a start continues from, what a resume may change, and what a
 fresh start may find.
 
-- ``ckpt_path=last`` / a path / a requeued SLURM job: the checkpoint, checked readable and
-  checked to be the same run (its identity: longctx.runs.identity) trained the same way (its
-  training settings, below).
-- What a resume may change (docs/reliability.md, "What a resume may change"):
-  * applied and said: :data:`APPLIED_ON_RESUME` (how long the lr schedule runs, how many
-    non-finite steps a run may skip);
-  * never: :data:`FIXED_ON_RESUME` (the checkpoint's optimizer and schedule state belong to
-    those classes);
-  * every other optimizer and schedule setting (``optim.optimizer.*``,
-    ``optim.scheduler.*``, ``optim.weight_decay``, ``optim.grad_clip``): refused by name unless
-    ``allow_resume_changes`` lists it, and then applied (the optimizer's param groups and the
-    schedule take the configured values after the checkpoint is loaded:
-    longctx.train.module.apply_hyperparameters) and said;
-  * ``optim.accumulate_grad_batches``: the checkpoint's global batch is kept (elastic resume,
-    longctx.distributed.elastic), said when it differs.
-  The run record of every later checkpoint holds the settings the run now trains with.
-- A fresh start into a run folder that holds checkpoints is refused (two runs' checkpoints side
-  by side, and a later ``ckpt_path=last`` could pick the older), unless ``overwrite=true``: then
-  the previous run is removed whole, if it is a longctx run (longctx.runs.folder.RunStart).
+- The checkpoint (``ckpt_path=last``, a path, a requeued SLURM job) is checked readable and to
+  be the same run (longctx.runs.identity) trained the same way.
+- What a resume may change: :data:`APPLIED_ON_RESUME` applied and said, :data:`FIXED_ON_RESUME`
+  never (the checkpoint's optimizer and schedule state belong to those classes), any other
+  optimizer or schedule setting only when ``allow_resume_changes`` lists it (docs/reliability.md,
+  "What a resume may change").
+- A fresh start into a run folder that holds checkpoints is refused (a later ``ckpt_path=last``
+  could pick the older run's), unless ``overwrite=true`` (longctx.runs.folder.RunStart).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Dense training tasks: a needle per few hundred tokens, placed at any token of a filler.
-
-- ``kv_recall``: one key-value needle in the lc_* niah format ("The magic number for
-  quiet-river is 48213.") per ``KV_EVERY`` tokens, and a question for each ("What is the magic
-  number for quiet-river? The magic number for quiet-river is 48213.") somewhere after it;
-- ``copy``: one random-letter span per ``COPY_EVERY`` tokens ("Copy this: qwertyuiopas."), each
-  repeated once somewhere after it, in lc_copy's format;
-- ``repeat``: random letters, a newline, the same letters again (no haystack, no template): half
-  the document predictable by induction alone, the densest signal there is.
+"""Dense training tasks (``kv_recall``, ``copy``, ``repeat``): a needle per few hundred tokens,
+placed at any token of a filler.
 
 Each generator returns the layout of a document of ``length`` tokens: inserts only (no question,
 no answer), which the synthesizer (longctx.data.synthesize) places between filler tokens.

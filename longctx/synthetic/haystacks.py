@@ -1,15 +1,9 @@
 """Haystacks: sources of context units (sentences), each encoded with its leading separator.
 
-A haystack has ``name`` and ``units(enc, rng, sep)``, an endless iterator of token arrays:
-
-- ``NoiseHaystack``: RULER's noise sentence, repeated;
-- ``FillerHaystack``: the lc_* tasks' filler ("noise"), sentences from a fixed vocabulary;
-- ``TextHaystack``: consecutive sentences of a text;
-- ``CorpusHaystack``: a ``TextHaystack`` of a corpus read on first use. The corpora are named
-  by longctx.data.corpus.resolve_haystack: "books" (the embedded corpus's held-out books, in
-  the role of RULER's Paul Graham essays, since nothing is downloaded), "embedded" (its
-  training chapters), "noise", or a prepared folder, whose documents it decodes with the
-  folder's own tokenizer; the tasks encode the sentences with the scoring tokenizer.
+A haystack has ``name`` and ``units(enc, rng, sep)``, an endless iterator of token arrays. The
+corpora are named by longctx.data.corpus.resolve_haystack; a prepared folder's documents are
+decoded with the folder's own tokenizer, and the tasks encode the sentences with the scoring
+tokenizer.
 """
 
 from __future__ import annotations

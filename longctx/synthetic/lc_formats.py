@@ -1,17 +1,6 @@
 """longctx's own formats (its suite before it followed RULER), named ``lc_*`` so they claim
 nothing of RULER's. Teacher-forced by design: the answer prefix repeats the needle's wording.
-
-- ``lc_passkey``: "The pass key is 48213. Remember it." ... "What is the pass key? The pass key is"
-- ``lc_niah_single``: "The magic number for quiet-river is 48213.", asked by key
-- ``lc_niah_multikey``: the target needle among three with other keys
-- ``lc_niah_multivalue``: four values for one key, answered in order of appearance
-- ``lc_niah_multiquery``: four keys asked at once, answered in the asked order
-- ``lc_variable_tracking``: "VAR ABCDE = 48213." "VAR FGHIJ = VAR ABCDE." ... among a
-  distractor chain; the answer names the chain in order
-- ``lc_common_words``: a word list where five words appear more often than any other
-- ``lc_frequent_words``: coded words with Zipf counts; the three most frequent, most first
-- ``lc_copy``: a span of random letters seen once and repeated at a distance: the repeat is
-  scored, and the first occurrence (which nothing predicts) is scored too as its reference
+Each format, with its needle and answer: docs/effective-length.md.
 
 ``depth`` places the (first) needle; pieces go between the haystack's sentences.
 """

@@ -4,16 +4,7 @@ A model trained on the suite's own formats ("One of the special magic numbers fo
 adjective-noun keys, 5- and 7-digit numbers, uuids, "Copy this:") can pass the suite by copying
 the template's continuation; trained on these it has to retrieve in a format it never saw
 evaluated. Nothing here is shared with the suite (tests/unit/test_ood_mix.py checks it on
-generated text):
-
-- ``ood_ledger``: "Entry Kavoretiq -> #3fa9c2." ... later "Lookup Kavoretiq -> #3fa9c2." (keys:
-  consonant-vowel syllable codes; values: six hex digits after '#');
-- ``ood_locker``: "Mesuladoq's locker holds 482133." ... "Open Mesuladoq's locker: 482133." (names:
-  syllable codes; values: 6-digit numbers);
-- ``ood_relay``: a chain in its own syntax, "Node Rupiq links to Tavoq." ... "Node Tavoq stores
-  QXT/ZRM." ... "Trail from Rupiq: QXT/ZRM." (three hops; values: two 3-letter capital codes);
-- ``ood_echo``: "Memorize: tavoq mekiq rasuq lopeq." ... "Recite: tavoq mekiq rasuq lopeq." (a span of
-  syllable words, not letters).
+generated text).
 
 The value tokens of every query (the part only retrieval predicts) are the document's *answer
 tokens*: :func:`document` returns their mask, which the held-out answer loss

@@ -1,19 +1,8 @@
 """Every synthetic task by name: the one registry the suite, the synthesizer, the held-out answer
 loss and the recall study ask.
 
-A task belongs to one family, which says how its documents are made and who reads them:
-
-- ``ruler``: RULER's 13 (``RULER_TASKS``, in RULER's order; longctx.synthetic.ruler): instances
-  with a question, which the suite scores; never trained on;
-- ``lc``: longctx's own formats (``lc_passkey``, ...; longctx.synthetic.lc_formats): the suite
-  scores them, and the synthesizer trains on one instance per document, answer included;
-- ``dense``: ``kv_recall``, ``copy``, ``repeat`` (longctx.synthetic.dense): training documents
-  dense with needles, placed at any token;
-- ``ood``: ``ood_ledger``, ``ood_locker``, ``ood_relay``, ``ood_echo`` (longctx.synthetic.ood):
-  training documents in formats the suite never uses, and the held-out answer loss's documents;
-- ``mqar``: multi-query associative recall in a vocabulary of its own (longctx.synthetic.mqar):
-  an MQAR corpus (``{mqar: {...}}`` in data.shards) and the recall study.
-
+A task belongs to one family (``ruler``, ``lc``, ``dense``, ``ood``, ``mqar``), which says how
+its documents are made and who reads them: RULER's are scored, never trained on; ``lc_*`` both.
 ``USES`` says which tasks each reader takes, and what naming none stands for:
 ``check_tasks(names, use)`` is the one check of a list of task names.
 """

@@ -5,15 +5,8 @@ allocated, prepared or written), typed objects are instantiated from it, and Lig
 
 Only the app reads a DictConfig; the library below it takes typed configs (DataConfig, the model
 spec, ParallelConfig, OptimConfig, PlannerSettings). The app is this module and the modules it
-delegates to, each reading what no typed config holds:
-- longctx.train.preflight and longctx.train.options: the composed config as a whole (every number
-  finite and of its target's kind, moved keys, each callback's settings, the trainer's devices
-  and strategy), before anything is built;
-- longctx.train.dry_run: the trainer node (Lightning's keys), the planner group and
-  peak_flops_per_device, for the capacity plan;
-- longctx.train.loggers: the logger group, with the run's group and tags;
-- longctx.train.resolvers: the run folder Hydra resolves (hydra.run.dir), before the job starts;
-- longctx.probe.cli: the same config, composed for the leak probe, through this module's builders.
+delegates to (longctx.train.preflight, options, dry_run, loggers, resolvers, and
+longctx.probe.cli through this module's builders), each reading what no typed config holds.
 """
 
 from __future__ import annotations

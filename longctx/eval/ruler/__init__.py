@@ -6,12 +6,7 @@
                                               # effective length, with bootstrap intervals
 
 The tasks are longctx.synthetic.tasks', their haystacks longctx.synthetic.haystacks' (named by
-longctx.data.corpus.resolve_haystack). Modules: ``instances`` (the instance, JSONL),
-``generate`` (instances from names, skips said), ``metrics`` (RULER's string matches),
-``scoring`` (generation scored with RULER's metrics, or teacher-forced), ``tables`` (cells with
-95% CIs), ``effective_length`` (RULER's and the relative one), ``hf`` (any local transformers
-folder), ``callback`` (in-loop), ``suite`` (the CLI's runner), and
-studies.ruler_report (arms of a sweep: paired differences, heat maps).
+longctx.data.corpus.resolve_haystack); studies.ruler_report compares the arms of a sweep.
 """
 
 from longctx.eval.ruler.effective_length import (

@@ -2,27 +2,9 @@
 
 The instances are generated once at setup from fixed arguments (their ``seed`` is the suite's,
 not the run's: every arm and training seed of a sweep is scored on the same instances, so their
-differences are paired). A length beyond model.max_seq_len, an unknown task, a depth outside
-[0, 1] and a missing haystack are refused there, before training; a length too short for a task
-(and qa without its data) is skipped and said, so the defaults run at any seq_len.
-
-Scoring: ``teacher_forced`` by default (one forward pass per batch: every answer token the argmax,
-a stricter lower bound of RULER's metric), ``generate`` for RULER's own (greedy generation from
-the KV cache, RULER's metric); see longctx.eval.ruler.scoring.
-
-At scale: the instances are dealt over the data-parallel replicas (each scores its share, the
-rows are gathered, in the instances' order, on every rank), and each instance runs under the
-run's context parallelism (its rows split over the replica's context-parallel group as the
-training step splits a batch). Every rank runs the same number of forward passes: a replica's
-share is padded (with its own instances, scored twice, the copy dropped) to the largest share of
-each batch shape, so FSDP's collectives stay matched.
-
-Logged: ``val/ruler/<task>/<length>`` (the task's score), ``val/ruler/mean/<length>`` (the suite
-score), ``val/effective_length`` (RULER's: 0 when no length passes) and, with the training length
-among the lengths, ``val/effective_length_relative`` (the relative rule anchored there). Written
-(rank 0): ``<out>/ruler_results.csv`` (one row per instance and step, appended: the input of the
-sweep report) and ``<out>/ruler_step<N>.json``; with a W&B logger, the cell table (task x length
-x depth with 95% CIs) as ``val/ruler_table``. ``<out>`` defaults to the run folder's ``eval/``.
+differences are paired); bad settings are refused there, before training. Every rank runs the
+same number of forward passes (a replica's share is padded with its own instances), so FSDP's
+collectives stay matched. Scoring modes, what is logged and written: docs/effective-length.md.
 """
 
 from __future__ import annotations
@@ -36,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from longctx.context_shard import data_parallel_rank_and_size
 from longctx.cp_balance import rank_unit
+from longctx.eval.documents import eval_mode
 from longctx.eval.files import EVAL_DIR, RULER_RESULTS_CSV, append_rows, wandb_runs, write_json
 from longctx.eval.long_documents import check_eval_length, check_factor, multiples
 from longctx.eval.ruler.generate import plan_instances
@@ -128,18 +111,13 @@ class RulerEval(L.Callback):
         cp = getattr(pl_module, "context_parallel", 1)
         dp_rank, dp_size = data_parallel_rank_and_size(trainer.global_rank, trainer.world_size, cp)
         mine = replica_share(self.instances, dp_rank, dp_size)
-        model = pl_module.model
-        was_training = model.training
-        model.eval()
-        try:
+        with eval_mode(pl_module.model) as model:
             rows = score_instances(
                 model, [self.instances[i] for i in mine], self.batch_size, pl_module.device,
                 trainer.precision_plugin.forward_context, scoring=self.scoring,
                 tokenizer=self.tokenizer, shard=pl_module.rank_shard if cp > 1 else None,
                 row_multiple=split_unit(pl_module),
             )  # fmt: skip
-        finally:
-            model.train(was_training)
         return gather_rows(list(zip(mine, rows, strict=True)), len(self.instances), trainer)
 
     def _write(self, trainer: L.Trainer, results: list[dict], report: dict) -> None:

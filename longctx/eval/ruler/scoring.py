@@ -1,18 +1,9 @@
 """Scoring the suite: one row per instance, and the report of the rows.
 
-Two modes, every row labelled with the one it ran (``scoring``):
-
-- ``generate`` (RULER's way): the model continues the instance's prompt greedily for the task's
-  ``tokens_to_generate`` tokens (longctx's Llama from its KV cache, a transformers folder with
-  transformers' ``generate``), the tokens up to the first EOS are decoded to text, and the text
-  is scored with the task's RULER metric: ``string_match_all`` (the fraction of the references
-  found in it, case-insensitively) or ``string_match_part`` (1 if any is). ``score`` is that
-  metric; the teacher-forced match is kept beside it.
-- ``teacher_forced`` (the cheap in-loop mode): one forward pass; an instance is correct when the
-  model's argmax is right on every answer token, in the instance's own order and format. It is
-  a stricter lower bound of RULER's metric (a model that writes the values in another order,
-  case or with a preamble gets 0 here and credit from RULER; never the reverse), and ``score``
-  is that 0 / 1.
+Two modes, every row labelled with the one it ran (``scoring``): ``generate`` (RULER's way:
+greedy generation scored with the task's RULER metric) and ``teacher_forced`` (one forward pass:
+correct when the argmax is right on every answer token, a stricter lower bound of RULER's
+metric, never the reverse). docs/effective-length.md says more.
 
 Tables: longctx.eval.ruler.tables; effective lengths: longctx.eval.ruler.effective_length.
 """

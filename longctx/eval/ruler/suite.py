@@ -1,12 +1,9 @@
 """One scoring of the suite, written out: what ``python -m longctx.eval ... --suite ruler`` runs.
 
 Scored by generation by default (RULER's way: greedy text, RULER's metric), teacher-forced with
-``scoring="teacher_forced"`` (the stricter lower bound; longctx.eval.ruler.scoring).
-Into ``out``: ``ruler.json`` (the settings, the instances' digest, every table and the effective
-lengths with their rules and intervals), ``ruler_results.csv`` (one row per instance: prediction,
-references, score, correct_teacher_forced ...), ``ruler_cells.csv`` (task x length x depth with
-95% CIs), ``ruler_lengths.csv``, ``ruler_suite.csv``, ``ruler_copy_curve.csv`` and, when asked,
-``ruler_instances.jsonl`` (each instance's text and answer).
+``scoring="teacher_forced"`` (the stricter lower bound; longctx.eval.ruler.scoring). Into
+``out``: ``ruler.json`` (the settings, the instances' digest, every table and the effective
+lengths) and the tables as CSV (docs/effective-length.md lists them).
 """
 
 from __future__ import annotations

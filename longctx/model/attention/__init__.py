@@ -5,32 +5,13 @@ attends causally to the tokens of its own segment of ``PackedBatch.seq_lens`` an
 else, with softmax scale 1/sqrt(D). An :class:`AttentionBackend` (base.py) owns everything
 about one backend: its capability checks (device, dtype, lengths), the metadata it derives from
 a batch (once per forward, shared by every layer), its attend call, and its context-parallel
-variant.
-
-- ``flash``: varlen flash kernel over the flattened tokens (CUDA; flash-attn, or torch's own
-  varlen_attn when flash-attn is missing). See flash.py.
-- ``flex``: FlexAttention with a document block mask (compiled on CUDA; forward-only on CPU).
-  See flex.py.
-- ``sdpa``: per-document SDPA, documents batched into length buckets, no L x L mask; the CPU
-  training path. See sdpa.py.
-- ``eager``: explicit softmax(QK^T) under the dense [B, L, L] mask: the reference, small L.
-
-Backend names and "auto" are names.py; decoding against a KV cache is cached.py.
+variant. Backends: flash.py, flex.py, sdpa.py and ``eager`` here (the dense [B, L, L] mask: the
+reference, small L); names and "auto": names.py; decoding against a KV cache: cached.py.
 
 Under context parallelism a ContextShard's local queries attend to the whole rows' keys,
 gathered from the group (:mod:`longctx.context_shard`); its local tokens are cut into pieces,
-each seeing its own tokens (causal) and the ``key_prefix_lens`` earlier tokens of its segment.
-Per backend:
-
-- ``sdpa``: the shard's pieces run through the usual per-document plan on the *local* K/V
-  (exact for every piece that starts its segment: a whole document, a split one's head); the
-  pieces with a key prefix are then recomputed against the gathered keys with a lower-right
-  causal mask (in query blocks under checkpoint, so no mask outlives its block) and spliced in.
-- ``flash``: varlen with separate query and key cu_seqlens; the keys of each piece are its
-  document's span of the gathered row, and the kernel's causal mask is aligned bottom-right.
-- ``flex``: a BlockMask of the local query tiles against the row's key tiles, from the pieces'
-  key spans.
-- ``eager``: the dense [B, L/N, L] mask (the reference, small L).
+each seeing its own tokens (causal) and the ``key_prefix_lens`` earlier tokens of its segment
+(each backend's way: docs/context-parallel-balance.md).
 """
 
 from __future__ import annotations
