@@ -84,9 +84,14 @@ def cell_report(frame, rng) -> dict:
     }  # fmt: skip
     diffs = {}
     for a, b in DIFFERENCES:
-        if a in samples and b in samples and samples[a].seeds == samples[b].seeds:
-            # paired by seed: difference() carries the seed-level interval beside the bootstrap
-            diffs[f"{a} - {b}"] = difference(samples[a], samples[b], N_BOOT, rng)
+        common = set(samples[a].seeds) & set(samples[b].seeds) if {a, b} <= set(samples) else ()
+        if len(common) >= 2:
+            # paired by seed, over the seeds both arms have (a study split over sessions);
+            # difference() carries the seed-level interval beside the bootstrap
+            pair = frame[frame["seed"].isin(common)]
+            first, second = (arm_sample(pair[pair["arm"] == arm], "correct", None, INSTANCE)
+                             for arm in (a, b))  # fmt: skip
+            diffs[f"{a} - {b}"] = difference(first, second, N_BOOT, rng)
     return {"arms": arms, "differences": diffs}
 
 
