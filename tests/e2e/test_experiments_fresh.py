@@ -69,7 +69,12 @@ def test_the_ablation_sweep_is_one_command_on_a_fresh_clone(tmp_path, fresh_cach
     assert "ruler_mix" not in run_dir.name  # the mix's settings do not name the arm's folder
 
 
-@pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e != "context_extension"])
+# a second stage starts from its first stage's weights (model.init_from): the stage tests train
+# both (below; tests/e2e/test_recall_run.py for recall and the recall_ablation pair)
+SECOND_STAGES = {"context_extension", "recall", "recall_ablation"}
+
+
+@pytest.mark.parametrize("experiment", [e for e in EXPERIMENTS if e not in SECOND_STAGES])
 def test_every_experiment_trains_from_a_fresh_cache(experiment, tmp_path, fresh_cache, capsys):
     cfg = shrink(compose([f"experiment={experiment}", *TOY, f"paths.cache_dir={fresh_cache}"],
                          output_dir=tmp_path / "run"))  # fmt: skip

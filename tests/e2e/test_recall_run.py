@@ -59,3 +59,26 @@ def test_a_trained_recall_run_is_scored_per_instance(tmp_path):
     for r in by["length"]:
         assert int(r["distance"]) >= int(r["target_distance"])
     assert len(by["anchor"]) == 16  # Zoology's (256, 16): one document of 16 queries
+
+
+@pytest.mark.slow
+def test_the_ablation_is_two_multiruns_and_stage_2_finds_its_stage_1(tmp_path):
+    """python train.py -m experiment=recall_ablation_stage1, then -m experiment=recall_ablation
+    with the same overrides (one arm and seed here): stage 2 starts from the stage-1 job of its
+    own overrides; with another seed there is none, and it says so in one line."""
+    tiny = ["seed=0", "data.document_mask=true", "data.reset_position_ids=false",
+            "data.seq_len=256", "data.val_rows=1", "trainer.max_steps=2",
+            "trainer.val_check_interval=2", "logger=csv", f"paths.cache_dir={tmp_path / 'cache'}",
+            "data.shards=[{mqar:{documents:400,seed:0,val_documents:20}}]"]  # fmt: skip
+    run_train(["-m", "experiment=recall_ablation_stage1", *tiny], tmp_path)
+    (stage1,) = (tmp_path / "multirun" / "recall_stage1").glob("*/checkpoints/last.ckpt")
+    run_train(["-m", "experiment=recall_ablation", *tiny], tmp_path)
+    (stage2,) = (tmp_path / "multirun" / "train").rglob("checkpoints/last.ckpt")
+    assert stage2.parent.parent.name == stage1.parent.parent.name  # the same overrides
+
+    other = [a.replace("seed=0", "seed=1") for a in tiny]
+    proc = run_train(["-m", "experiment=recall_ablation", *other], tmp_path, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"model.init_from='{tmp_path / 'multirun' / 'recall_stage1'}/" in said
+    assert "seed=1" in said and "does not exist" in said
