@@ -48,6 +48,9 @@ from longctx.data.tokenizer import data_tokenizer, load_tokenizer, packing_bos_i
 from longctx.errors import LongctxError
 from longctx.synthetic.mqar import answer_keys
 
+# fingerprint keys added after checkpoints first carried one, as those checkpoints trained
+FINGERPRINT_BEFORE = {"dp_balance": False}
+
 
 def _identity(batch):
     return batch
@@ -398,7 +401,7 @@ class LongCtxDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state: dict) -> None:
         check_state_version(state)
-        mine, saved = self._fingerprint(), state["fingerprint"]
+        mine, saved = self._fingerprint(), {**FINGERPRINT_BEFORE, **state["fingerprint"]}
         changed = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if set(changed) == {"stage_starts"}:
             raise LongctxError(stage_starts_moved(saved, self.schedule().starts))
@@ -458,6 +461,8 @@ class LongCtxDataModule(L.LightningDataModule):
             "length_upsampling": (
                 dataclasses.asdict(c.length_upsampling) if c.length_upsampling else None
             ),
+            # which slot of a step trains each row (stream positions are kept per step with it)
+            "dp_balance": c.dp_balance,
         }
 
     def _load_manifests(self) -> list[Manifest]:

@@ -48,6 +48,7 @@ ORDER_DATA_KEYS = (
     "chunk_documents",
     "stages",
     "length_upsampling",
+    "dp_balance",  # which rank and micro-batch of a step trains each row
 )
 # Not the training stream: how it is loaded, where caches are, what validation and the
 # long-document loss read (they report, they do not train), and what the data module derives

@@ -1,4 +1,4 @@
-"""Run by tests/e2e/test_dp_balance.py: one optimizer step with data.dp_balance equals the
+"""Run by tests/e2e/test_dp_balance_gloo.py: one optimizer step with data.dp_balance equals the
 step without it, over gloo ranks.
 
     python dp_balance_script.py FOLDER WORLD CONTEXT_PARALLEL ACCUMULATION
