@@ -58,6 +58,12 @@ p.add_argument("--every", type=int, default=200)
 p.add_argument("--theta", type=float, default=10000.0)
 p.add_argument("--out", default=None)
 a = p.parse_args()
+for name in ("stop", "curriculum", "stage1"):
+    value = getattr(a, name)
+    if value is not None and (value < 0 or (name == "stop" and value == 0)):
+        p.error(f"--{name.replace('_', '-')}={value}; expected a positive step count")
+if a.stage1 >= (a.stop or a.steps):
+    p.error(f"--stage1={a.stage1}; expected fewer steps than the run's ({a.stop or a.steps})")
 torch.set_num_threads(1)
 torch.manual_seed(a.seed)
 vocab = MqarVocab(a.keys, a.keys)
