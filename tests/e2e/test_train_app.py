@@ -57,10 +57,8 @@ def test_every_group_option_composes(group, tmp_path):
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes(experiment, tmp_path):
     overrides = [f"experiment={experiment}"]
-    if experiment in ("context_extension", "recall"):  # stage 2: needs stage 1's weights
-        overrides.append(f"model.init_from={tmp_path}")
-    if experiment == "recall_ablation":  # finds its stage 1 by the multirun job's overrides
-        overrides.append(f"model.init_from={tmp_path}")
+    if experiment in ("context_extension", "recall", "recall_ablation"):  # stage 2 of a recipe
+        overrides.append(f"model.init_from={tmp_path}")  # needs stage 1's weights
     cfg = compose(overrides, output_dir=tmp_path)
     OmegaConf.resolve(cfg)
     assert instantiate(cfg.model).n_layers >= 1
