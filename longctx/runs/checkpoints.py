@@ -6,29 +6,24 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from longctx.distributed.sharded import UnreadableShardedCheckpoint, read_dcp_metadata
+from longctx.distributed.slurm import PREEMPTED_MARKER, restart_count
 from longctx.errors import LongctxError
 from longctx.io import atomic_file
 from longctx.runs.folder import checkpoint_dir, last_checkpoint
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as f:
-        torch.save(obj, f)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
-        atomic_torch_save(checkpoint, path)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(Path(path)) as f:
+            torch.save(checkpoint, f)
 
     def load_checkpoint(self, path, *args, **kwargs) -> dict:
         """A single-file checkpoint; a sharded folder only FSDP2Strategy reads (it does not
@@ -148,8 +143,6 @@ def auto_resume_path(output_dir: Path) -> ResumePoint | None:
     """The checkpoint a requeued SLURM job resumes from without being told: the run folder's
     last.ckpt when the run was preempted (a PREEMPTED marker, written by SaveOnSignal before it
     requeued) or SLURM restarted the job (SLURM_RESTART_COUNT > 0). None: start fresh."""
-    from longctx.distributed.slurm import PREEMPTED_MARKER, restart_count
-
     if not (checkpoint_dir(output_dir) / PREEMPTED_MARKER).is_file() and restart_count() == 0:
         return None
     return (

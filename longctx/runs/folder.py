@@ -65,13 +65,9 @@ def newest_resumable_run(root: Path) -> Path | None:
     """The run under ``root`` whose last checkpoint was written most recently."""
     runs = (p.parent.parent for p in Path(root).glob(f"*/{CHECKPOINTS}/{LAST_CHECKPOINT}"))
     # hidden: an overwrite's remainder; a link: not a run folder of this root
-    found = sorted((r for r in runs if not r.name.startswith(".") and not r.is_symlink()),
-                   key=lambda r: _mtime(last_checkpoint(r)))  # fmt: skip
+    found = [r for r in runs if not r.name.startswith(".") and not r.is_symlink()]
+    found.sort(key=lambda r: last_checkpoint(r).stat().st_mtime)
     return found[-1] if found else None
-
-
-def _mtime(path: Path) -> float:
-    return path.stat().st_mtime
 
 
 class RunFolderRefused(LongctxError):
@@ -214,7 +210,6 @@ def existing_checkpoints(checkpoint_dir: Path) -> list[str]:
     return sorted(p.name for p in checkpoint_dir.iterdir() if p.suffix == ".ckpt")
 
 
-# ------------------------------------------------------------------ what a start added
 @dataclasses.dataclass(frozen=True)
 class FolderState:
     """A folder's entries at one moment: every file, folder and link in it ("a/b" relative to

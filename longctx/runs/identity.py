@@ -13,7 +13,6 @@ Checkpoints also carry the run's resolved model and data config: longctx.runs.re
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 
 from longctx.errors import LongctxError
 from longctx.runs.record import CHECKPOINT_KEY, plain
@@ -106,17 +105,10 @@ def check_allowed_names(allowed: list[str], known: set[str]) -> None:
 
 
 def check_resume(
-    checkpoint: dict,
-    current: dict,
-    allowed: Iterable[str],
-    path: str,
-    other_settings: Iterable[str] = (),
+    checkpoint: dict, current: dict, allowed: list[str], path: str
 ) -> dict[str, tuple]:
-    """Refuse a resume that changes the run unless every change is in ``allowed``; returns
-    the allowed changes (for the log). ``other_settings``: the other names ``allowed`` may
-    list (the training settings, longctx.runs.resume)."""
-    allowed = list(allowed)
-    check_allowed_names(allowed, set(current) | set(other_settings))
+    """Refuse a resume that changes the run unless every change is in ``allowed`` (its names
+    checked by :func:`check_allowed_names` first); returns the allowed changes (for the log)."""
     saved = (checkpoint.get(CHECKPOINT_KEY) or {}).get("identity")
     if saved is None:
         return {}  # written before checkpoints carried an identity: nothing to compare

@@ -23,12 +23,7 @@ from longctx.runs.checkpoints import (
     resolve_ckpt_path,
 )
 from longctx.runs.folder import RunStart, checkpoint_dir, existing_checkpoints
-from longctx.runs.identity import (
-    ResumeMismatch,
-    check_allowed_names,
-    check_resume,
-    identity_changes,
-)
+from longctx.runs.identity import check_allowed_names, check_resume, identity_changes
 from longctx.runs.record import CHECKPOINT_KEY, plain
 
 # where the run record keeps the training settings (next to the model and data config)
@@ -71,14 +66,12 @@ def resume_point(
     output_dir: Path,
     identity: dict,
     allowed_changes: list[str],
-    training: dict | None = None,
+    training: dict,
 ) -> ResumePoint | None:
     """The checkpoint this start resumes from (checked, see the module docstring), or None for
-    a fresh start. ``training``: this start's :func:`training_settings` (None: not compared)."""
-    try:
-        check_allowed_names(list(allowed_changes), set(identity) | set(training or {}))
-    except ResumeMismatch as err:
-        raise ResumeRefused(str(err)) from err
+    a fresh start. ``training``: this start's :func:`training_settings`. Raises ResumeRefused,
+    or ResumeMismatch for a change of the run or an unknown name in ``allowed_changes``."""
+    check_allowed_names(allowed_changes, set(identity) | set(training))
     try:
         resume = resolve_ckpt_path(ckpt_path, output_dir)
         if resume is None and (resume := auto_resume_path(output_dir)):
@@ -87,18 +80,12 @@ def resume_point(
         raise ResumeRefused(f"ckpt_path={ckpt_path}: {err}") from err
     if resume is None:
         return None
-    try:
-        allowed = check_resume(
-            resume.contents, identity, allowed_changes, resume.path, training or {}
-        )
-    except ResumeMismatch as err:
-        raise ResumeRefused(str(err)) from err
+    allowed = check_resume(resume.contents, identity, allowed_changes, resume.path)
     if CHECKPOINT_KEY not in resume.contents:
         print(f"{resume.path} stores no run identity (an older checkpoint): not checked")
     for key, (old, new) in allowed.items():
         print(f"resuming with a change allowed by allow_resume_changes: {key}: {old!r} -> {new!r}")
-    if training is not None:
-        check_training_changes(resume, training, allowed_changes)
+    check_training_changes(resume, training, allowed_changes)
     return resume
 
 

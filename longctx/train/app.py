@@ -34,7 +34,7 @@ from longctx.runs.folder import (
     checkpoint_dir,
     what_a_stop_kept,
 )
-from longctx.runs.identity import run_identity
+from longctx.runs.identity import ResumeMismatch, run_identity
 from longctx.runs.record import RunRecord
 from longctx.runs.resume import (
     TRAINING_KEY,
@@ -141,7 +141,7 @@ def start_point(
         resume = resume_point(cfg.ckpt_path, output_dir, identity, allowed, training_config(cfg))
         if start is not None and resume is None:
             check_fresh_start(output_dir, bool(cfg.get("overwrite", False)), start)
-    except ResumeRefused as err:
+    except (ResumeRefused, ResumeMismatch) as err:
         raise ConfigError(str(err)) from err
     if start is not None:
         start.claim()

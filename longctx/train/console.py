@@ -9,12 +9,16 @@ refusals, a GPU left unused) is left as it is.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
+
+from longctx.train.callbacks import last_checkpoint_path
 
 # (message prefix, why it does not apply to a longctx run)
 SILENCED_WARNINGS = (
@@ -55,20 +59,13 @@ class _DropInfo(logging.Filter):
 def quiet_lightning() -> None:
     """Silence the messages above, for this process (and its spawned ranks, which import this)."""
     for prefix, _why in SILENCED_WARNINGS:
-        warnings.filterwarnings("ignore", message=_escaped(prefix))
+        warnings.filterwarnings("ignore", message=re.escape(prefix))
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropInfo) for f in logger.filters):
             logger.addFilter(_DropInfo())
 
 
-def _escaped(prefix: str) -> str:
-    import re
-
-    return re.escape(prefix)
-
-
-# --------------------------------------------------------------------------- callbacks
 class ParameterSummary(ModelSummary):
     """One line instead of Lightning's table: its FLOPs column counts a forward pass on an
     example input longctx does not give (so it reads 0), and its per-module rows are one row,
@@ -86,64 +83,49 @@ class ParameterSummary(ModelSummary):
         )
 
 
-def step_progress_bar():
-    """A progress bar over optimizer steps, ``step N/max_steps``; None where rich is missing
-    (Lightning's own bar then)."""
-    try:
-        from lightning.pytorch.callbacks import RichProgressBar
-        from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
-    except ImportError:  # pragma: no cover - Lightning without the rich bar
-        return None
-    if not _RICH_AVAILABLE:
-        return None
+class StepProgressBar(RichProgressBar):
+    """Lightning's bar counts training batches of an epoch (``Epoch 0/-2`` when only max_steps
+    bounds the run, micro-batches under accumulation); this one counts the optimizer steps of
+    the run, ``step N/max_steps``."""
 
-    class StepProgressBar(RichProgressBar):
-        """Lightning's bar counts training batches of an epoch (``Epoch 0/-2`` when only
-        max_steps bounds the run, micro-batches under accumulation); this one counts the
-        optimizer steps of the run."""
+    @property
+    def total_train_batches(self) -> int | float:
+        steps = self.trainer.max_steps
+        return steps if steps and steps > 0 else float("inf")
 
-        @property
-        def total_train_batches(self) -> int | float:
-            steps = self.trainer.max_steps
-            return steps if steps and steps > 0 else float("inf")
+    def _get_train_description(self, current_epoch: int) -> str:
+        return "step"
 
-        def _get_train_description(self, current_epoch: int) -> str:
-            return "step"
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._update(self.train_progress_bar_id, trainer.global_step)
 
-        def on_train_epoch_start(self, trainer, pl_module) -> None:
-            super().on_train_epoch_start(trainer, pl_module)
-            self._update(self.train_progress_bar_id, trainer.global_step)
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.is_disabled and self.train_progress_bar_id is None:
+            self._initialize_train_progress_bar_id()  # a resumed run's first batch
+        self._update(self.train_progress_bar_id, trainer.global_step)
+        self._update_metrics(trainer, pl_module)
+        self.refresh()
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if not self.is_disabled and self.train_progress_bar_id is None:
-                self._initialize_train_progress_bar_id()  # a resumed run's first batch
-            self._update(self.train_progress_bar_id, trainer.global_step)
-            self._update_metrics(trainer, pl_module)
-            self.refresh()
-
-        def get_metrics(self, trainer, pl_module):
-            metrics = super().get_metrics(trainer, pl_module)
-            metrics.pop("v_num", None)  # the logger's version: the run folder says which run
-            return metrics
-
-    return StepProgressBar()
+    def get_metrics(self, trainer, pl_module):
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)  # the logger's version: the run folder says which run
+        return metrics
 
 
 def callbacks(trainer_cfg) -> list[L.Callback]:
-    """The console's callbacks for a trainer config (its enable_* switches respected)."""
+    """The console's callbacks for a trainer config (its enable_* switches respected; without
+    rich, Lightning's own bar)."""
     found: list[L.Callback] = []
     if trainer_cfg.get("enable_model_summary", True):
         found.append(ParameterSummary())
-    if trainer_cfg.get("enable_progress_bar", True) and (bar := step_progress_bar()) is not None:
-        found.append(bar)
+    if trainer_cfg.get("enable_progress_bar", True) and _RICH_AVAILABLE:
+        found.append(StepProgressBar())
     return found
 
 
-# --------------------------------------------------------------------------- the end
 def run_summary(trainer: L.Trainer, output_dir: Path) -> str:
     """Where the run is: its folder, its last checkpoint, and how to look at its curves."""
-    from longctx.train.callbacks import last_checkpoint_path
-
     lines = [f"checkpoint: {_checkpoint_line(trainer, last_checkpoint_path(trainer))}"]
     lines += [f"curves: {line}" for line in _curves(trainer, output_dir)]
     lines.append(f"run folder: {output_dir}")

@@ -154,7 +154,6 @@ class LongCtxModule(L.LightningModule):
         self._reset_accumulators()
         self.val_position_loss: PositionLoss | None = None
 
-    # ------------------------------------------------------------------ set-up
     def setup(self, stage: str) -> None:
         if self.context_parallel > 1 and self.cp_group is None:
             self.cp_group = context_parallel_group(self.context_parallel)
@@ -278,7 +277,6 @@ class LongCtxModule(L.LightningModule):
         if note:
             rank_zero_info(note)
 
-    # ---------------------------------------------------------------- training
     def training_step(self, batch: PackedBatch, batch_idx: int) -> None:
         if self._resumed_global_batch is not None:
             if batch.shape[0] == self._resumed_global_batch.micro_batch_rows:
@@ -426,7 +424,6 @@ class LongCtxModule(L.LightningModule):
             costs = self.all_gather(costs)
         return {"train/dp_work_imbalance": imbalance(costs.reshape(-1).cpu().numpy())}
 
-    # -------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
         seq_len = self.trainer.datamodule.config.seq_len if self.trainer.datamodule else None
         self.val_position_loss = PositionLoss(seq_len or 1, eos_id=self.eos_id)
