@@ -5,7 +5,7 @@ allocated, prepared or written), typed objects are instantiated from it, and Lig
 
 Only the app reads a DictConfig; the library below it takes typed configs (DataConfig, the model
 spec, ParallelConfig, OptimConfig, PlannerSettings). The app is this module and the modules it
-delegates to (longctx.train.preflight, options, dry_run, loggers, resolvers, and
+delegates to (longctx.train.preflight, dry_run, loggers, resolvers, and
 longctx.probe.cli through this module's builders), each reading what no typed config holds.
 """
 
@@ -50,8 +50,13 @@ from longctx.train.dry_run import dry_run_report
 from longctx.train.loggers import make_loggers
 from longctx.train.nonfinite import NonFiniteStep
 from longctx.train.optim_config import OptimConfig
-from longctx.train.options import check_planner, init_from_note
-from longctx.train.preflight import ConfigError, instantiate_config, preflight
+from longctx.train.preflight import (
+    ConfigError,
+    check_planner,
+    init_from_note,
+    instantiate_config,
+    preflight,
+)
 from longctx.train.process import teardown, writes_run_folder
 
 

@@ -15,8 +15,12 @@ from longctx.model.attention import resolve_backend
 from longctx.model.interface import ModelSpec
 from longctx.planner.dp_balance import expected_dp_balance, format_dp_balance
 from longctx.train.optim_config import OptimConfig
-from longctx.train.options import check_planner
-from longctx.train.preflight import ConfigError, available_memory_bytes, sharded_strategy
+from longctx.train.preflight import (
+    ConfigError,
+    available_memory_bytes,
+    check_planner,
+    sharded_strategy,
+)
 
 # trainer.precision -> the planner's precision (one of longctx.planner.settings.PRECISIONS)
 TRAINER_PRECISIONS = {

@@ -45,7 +45,7 @@ APP_KEYS = {"task_name", "run_name", "ckpt_path", "overwrite", "allow_resume_cha
 # stage 1's row length (rope_arm/yarn.yaml)
 MIX_KEYS = {"ruler_mix", "ruler_repeat"}
 EXPERIMENT_KEYS = MIX_KEYS | {"stage1_seq_len"}
-# typed nodes without a _target_: the app builds them (longctx.train.app, longctx.train.options)
+# typed nodes without a _target_: the app builds them (longctx.train.app, longctx.train.preflight)
 UNTARGETED = {
     "optim": "longctx.train.optim_config.OptimConfig",
     "planner": "longctx.planner.PlannerSettings",

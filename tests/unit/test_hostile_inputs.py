@@ -24,13 +24,13 @@ from longctx.model import Llama, LlamaConfig
 from longctx.train.app import main, run
 from longctx.train.init_from import load_init_weights
 from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStep
-from longctx.train.options import (
+from longctx.train.preflight import (
+    ConfigError,
     check_planner,
     init_from_note,
     non_finite_options,
     unreached_stages,
 )
-from longctx.train.preflight import ConfigError
 
 
 # ------------------------------------------------------------------ finite or refused
@@ -261,7 +261,8 @@ def test_a_parquet_text_column_of_ints_names_file_and_column(tmp_path):
 def test_convert_refuses_a_validation_split_that_came_out_empty(tmp_path):
     from test_data_convert import write_megatron
 
-    from longctx.data.convert import Vocabulary, convert
+    from longctx.data.convert import convert
+    from longctx.data.shards import Vocabulary
 
     prefix = tmp_path / "corpus"
     write_megatron(prefix, [[np.arange(1, 9)] for _ in range(5)])
