@@ -34,19 +34,23 @@ from pathlib import Path
 import numpy as np
 
 from longctx.cli import bar, command
-from longctx.data.prepare import DEFAULT_SHARD_TOKENS, claim_output_folder, existing_manifest
+from longctx.data.prepare import (
+    DEFAULT_SHARD_TOKENS,
+    claim_output_folder,
+    commit,
+    print_written,
+)
 from longctx.data.shards import (
     FORMAT_VERSION,
-    MANIFEST_NAME,
+    SPLITS,
     Manifest,
-    SplitWriter,
-    check_val_split,
-    write_manifest,
+    Vocabulary,
+    task_writers,
+    token_dtype,
 )
 from longctx.data.sources import describe_source, is_validation
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import LongctxError
-from longctx.io import remove_temp_files
 
 FORMATS = ("megatron", "datatrove", "hf")
 MEGATRON_HEADER = b"MMIDIDX\x00\x00"
@@ -63,14 +67,6 @@ class TokenSource:
     files: list[Path]
     documents: Callable[[], Iterator[np.ndarray]]
     declared_tokens: int | None = None
-
-
-@dataclasses.dataclass
-class Vocabulary:
-    vocab_size: int
-    eos_id: int
-    pad_id: int
-    spec: dict
 
 
 def convert(
@@ -94,41 +90,25 @@ def convert(
     key += [document_length, split, val_fraction, shard_tokens, FORMAT_VERSION]
     input_hash = hashlib.sha256(json.dumps(key).encode()).hexdigest()
     out = Path(out_dir)
-    existing = existing_manifest(out, input_hash, overwrite)
+    existing = claim_output_folder(out, input_hash, overwrite)
     if existing is not None:
         return existing
-    claim_output_folder(out)
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-    dtype = np.dtype(np.uint16 if vocab.vocab_size <= 1 << 16 else np.uint32).name
     splits, digests, skipped = _copy(
-        source, out, vocab, dtype, described[0].sha256, val_fraction, shard_tokens
+        source, out, vocab, described[0].sha256, val_fraction, shard_tokens
     )
     for name, info in splits.items():
         _check_written(out, name, info, digests[name])
     sources = [dict(d.to_dict(), format=source.format) for d in described]
     sources[0]["tokens_sha256"] = {name: d.hexdigest() for name, d in digests.items()}
-    manifest = Manifest(
-        input_hash=input_hash,
-        tokenizer=vocab.spec,
-        vocab_size=vocab.vocab_size,
-        eos_id=vocab.eos_id,
-        pad_id=vocab.pad_id,
-        dtype=dtype,
-        val_fraction=val_fraction,
-        sources=sources,
-        splits=splits,
-        skipped_empty_documents=skipped,
-    )
-    write_manifest(out, manifest)
+    manifest = Manifest.of(input_hash, vocab, splits, sources, val_fraction, skipped)
+    commit(out, manifest, ", ".join(str(f) for f in source.files))
     return manifest
 
 
-def _copy(source, out, vocab, dtype, source_sha, val_fraction, shard_tokens):
+def _copy(source, out, vocab, source_sha, val_fraction, shard_tokens):
     """Documents into two split writers; per split, a digest of what was read."""
-    for name in ("train", "val"):
-        remove_temp_files(out, f"{name}-00000")
-    writers = {s: SplitWriter(out, f"{s}-00000", dtype, shard_tokens) for s in ("train", "val")}
-    digests = {s: hashlib.sha256() for s in ("train", "val")}
+    writers = task_writers(out, 0, token_dtype(vocab.vocab_size), shard_tokens)
+    digests = {s: hashlib.sha256() for s in SPLITS}
     skipped = read = 0
     progress = bar(source.declared_tokens, "convert", unit="tok")
     for number, doc in enumerate(source.documents()):
@@ -147,11 +127,7 @@ def _copy(source, out, vocab, dtype, source_sha, val_fraction, shard_tokens):
             f"documents hold {read}; the index disagrees with the token file"
         )
     progress.close()
-    splits = {name: w.close() for name, w in writers.items()}
-    if not any(s.documents for s in splits.values()):
-        raise LongctxError(f"{source.files[0]} holds no non-empty documents")
-    check_val_split(splits, val_fraction, source.files[0])
-    return splits, digests, skipped
+    return {name: w.close() for name, w in writers.items()}, digests, skipped
 
 
 def _check_ids(doc: np.ndarray, vocab_size: int, source: TokenSource, number: int) -> None:
@@ -184,7 +160,6 @@ def _check_written(out: Path, name: str, info, expected) -> None:
         )
 
 
-# --------------------------------------------------------------------------- sources
 def open_source(
     src: Path, format: str | None, document_length: int | None, split: str | None
 ) -> TokenSource:
@@ -213,7 +188,6 @@ def detect_format(src: Path) -> str:
     )
 
 
-# Megatron -------------------------------------------------------------------
 @dataclasses.dataclass
 class MegatronIndex:
     dtype: np.dtype
@@ -307,7 +281,6 @@ def _check_megatron(index: MegatronIndex, idx_path: Path, bin_path: Path) -> Non
         )
 
 
-# datatrove ------------------------------------------------------------------
 def datatrove_source(src: Path, document_length: int | None) -> TokenSource:
     files = sorted(src.glob("*.ds")) if src.is_dir() else [src]
     if not files:
@@ -374,7 +347,6 @@ def _datatrove_bounds(ds: Path, tokens: int, document_length: int | None):
     return zip(np.concatenate([[0], ends[:-1]]), ends, strict=True)
 
 
-# Hugging Face datasets -----------------------------------------------------------
 def hf_source(src: Path, split: str | None) -> TokenSource:
     from datasets import DatasetDict, load_from_disk
 
@@ -406,7 +378,6 @@ def hf_source(src: Path, split: str | None) -> TokenSource:
     return TokenSource("hf", files, documents)
 
 
-# --------------------------------------------------------------------------- CLI
 def vocabulary(
     tokenizer: str | None, vocab_size: int | None, eos_id: int | None, pad_id: int | None, name: str
 ) -> Vocabulary:
@@ -462,12 +433,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         shard_tokens=args.shard_tokens,
         overwrite=args.overwrite,
     )
-    for name, split in manifest.splits.items():
-        print(
-            f"{name}: {split.documents} documents, {split.tokens} tokens, {len(split.shards)} shards"
-        )
-    print(f"wrote {args.out}")
-    print(f"next: python train.py data=shards data.shards={args.out}")
+    print_written(manifest, args.out)
 
 
 cli = command(main)  # the console script and python -m: one-line errors, exit 2

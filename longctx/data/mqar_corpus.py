@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,12 +25,13 @@ from longctx.cli import command
 from longctx.data.cache import written_once
 from longctx.data.config import MqarCorpus, check_counts
 from longctx.data.shards import (
-    FORMAT_VERSION,
     Manifest,
+    SplitInfo,
     SplitWriter,
+    Vocabulary,
     load_manifest,
-    staged_folder,
-    write_manifest,
+    settings_digest,
+    write_generated,
 )
 from longctx.errors import LongctxError
 from longctx.synthetic.mqar import EOS, FILLER, KIND, MqarSpec, MqarVocab, tokenizer_spec
@@ -49,36 +48,20 @@ def write_corpus(
     """``documents`` training and ``val_documents`` validation documents of ``spec`` drawn from
     ``seed`` into ``out`` (new or empty; it appears whole or not at all)."""
     check_counts(documents, seed, val_documents)
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise LongctxError(f"--out {out} is not a new or empty folder; choose another")
     options = {
         "kind": KIND, "spec": dataclasses.asdict(spec), "documents": documents, "seed": seed,
         "val_documents": val_documents,
     }  # fmt: skip
-    # as prepare's: ids past 65535 need uint32 (uint16 would wrap them silently)
-    dtype = np.dtype(np.uint16 if spec.vocab.size <= 1 << 16 else np.uint32).name
-    with staged_folder(out) as folder:
-        splits = {
+    vocab = Vocabulary(spec.vocab.size, EOS, FILLER, tokenizer_spec(spec))
+
+    def write_splits(folder: Path, dtype: str) -> dict[str, SplitInfo]:
+        counts = (("train", "train-00000", documents), ("val", "val", val_documents))
+        return {
             split: _write_split(folder, stem, spec, count, [seed, STREAM, i], dtype)
-            for i, (split, stem, count) in enumerate(
-                (("train", "train-00000", documents), ("val", "val", val_documents))
-            )
+            for i, (split, stem, count) in enumerate(counts)
         }
-        manifest = Manifest(
-            input_hash=hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest(),
-            tokenizer=tokenizer_spec(spec),
-            vocab_size=spec.vocab.size,
-            eos_id=EOS,
-            pad_id=FILLER,
-            dtype=dtype,
-            val_fraction=0.0,
-            sources=[options],
-            splits=splits,
-            format_version=FORMAT_VERSION,
-        )
-        write_manifest(folder, manifest)
-    return manifest
+
+    return write_generated(out, options, vocab, write_splits)
 
 
 def corpus_spec(folder: str | Path) -> MqarSpec:
@@ -97,9 +80,7 @@ def corpus_spec(folder: str | Path) -> MqarSpec:
 def mqar_dir(corpus: MqarCorpus, cache_dir: str | Path | None = None) -> Path:
     """The folder of an MQAR corpus (a ``data.shards`` entry named by its settings) in the
     cache, written once (under a lock) if needed."""
-    settings = dataclasses.asdict(corpus)
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    name = f"mqar_s{corpus.seed}_{digest}"
+    name = f"mqar_s{corpus.seed}_{settings_digest(dataclasses.asdict(corpus))[:12]}"
 
     def write(out: Path) -> None:
         manifest = write_corpus(

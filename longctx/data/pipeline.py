@@ -34,15 +34,11 @@ from datatrove.executor import LocalPipelineExecutor, SlurmPipelineExecutor
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.logging import logger, setup_default_logger
 
-from longctx.data.shards import (
-    SplitInfo,
-    SplitWriter,
-    split_info_from_dict,
-)
+from longctx.data.shards import SplitInfo, split_info_from_dict, task_writers
 from longctx.data.sources import Source, documents_of_task, is_validation
 from longctx.data.tokenizer import Tokenizer
 from longctx.errors import LongctxError
-from longctx.io import atomic_write_bytes, remove_temp_files
+from longctx.io import atomic_write_bytes
 
 
 class PrepareTaskFailed(RuntimeError):
@@ -83,7 +79,6 @@ class TaskResult:
         return cls(splits, int(data["skipped_empty_documents"]))
 
 
-# --------------------------------------------------------------------------- steps
 class ReadDocuments(PipelineStep):
     name, type = "longctx sources", "📖 - READER"
 
@@ -132,13 +127,7 @@ class WriteShards(PipelineStep):
         self.dtype, self.shard_tokens = dtype, shard_tokens
 
     def run(self, data, rank: int = 0, world_size: int = 1):
-        stems = {split: f"{split}-{rank:05d}" for split in ("train", "val")}
-        for stem in stems.values():
-            remove_temp_files(self.out, stem)  # a killed attempt's leftovers, this task's only
-        writers = {
-            s: SplitWriter(self.out, stem, self.dtype, self.shard_tokens)
-            for s, stem in stems.items()
-        }
+        writers = task_writers(self.out, rank, self.dtype, self.shard_tokens)
         skipped = 0
         for doc in data:
             tokens = doc.metadata["tokens"]
@@ -160,7 +149,6 @@ def result_path(results: Path, rank: int) -> Path:
     return Path(results) / f"{rank:05d}.json"
 
 
-# --------------------------------------------------------------------------- executors
 class _LocalExecutor(LocalPipelineExecutor):
     """datatrove's local executor; a failing task's error names the task and its log."""
 

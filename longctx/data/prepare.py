@@ -22,15 +22,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import json
 import os
 import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-
-import numpy as np
 
 from longctx.cli import USER_ERRORS, bar, command
 from longctx.data.pipeline import (
@@ -50,11 +46,14 @@ from longctx.data.shards import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     PREPARED_MARKER,
+    SPLITS,
     Manifest,
     SplitInfo,
     check_val_split,
     load_manifest,
+    settings_digest,
     shard_files_intact,
+    token_dtype,
     write_manifest,
 )
 from longctx.data.sources import Source, describe_source, expand_inputs, task_range
@@ -97,13 +96,11 @@ def prepare(
     tok = load_tokenizer(tokenizer)
     sources = [describe_source(path) for path in expand_inputs(inputs)]
     input_hash = _input_hash(sources, tok.spec, val_fraction, shard_tokens)
-    existing = existing_manifest(out, input_hash, overwrite)
+    existing = claim_output_folder(out, input_hash, overwrite)
     if existing is not None:
         return existing
-    claim_output_folder(out)
-    (out / MANIFEST_NAME).unlink(missing_ok=True)  # the old commit point goes first
     work = _work_dir(out, input_hash, tasks)
-    dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32).name
+    dtype = token_dtype(tok.vocab_size)
     pipeline = [
         ReadDocuments(sources),
         TokenizeDocuments(tok, val_fraction, dtype),
@@ -115,46 +112,26 @@ def prepare(
         else:  # the bar replaces datatrove's console log (its task logs stay in their files)
             run_local(pipeline, tasks, workers, work / "datatrove", quiet=shown or not progress)
     results = [TaskResult.load(result_path(work / "results", k)) for k in range(tasks)]
-    manifest = _manifest(input_hash, tok, dtype, val_fraction, sources, results)
-    _commit(out, manifest, sources, work)
-    return manifest
-
-
-def _manifest(
-    input_hash: str,
-    tok: Tokenizer,
-    dtype: str,
-    val_fraction: float,
-    sources: list[Source],
-    results: list[TaskResult],
-) -> Manifest:
-    """The manifest of the tasks' shards, in task order (the documents in input order)."""
-    return Manifest(
-        input_hash=input_hash,
-        tokenizer=tok.spec,
-        vocab_size=int(tok.vocab_size),
-        eos_id=int(tok.eos_id),
-        pad_id=int(tok.pad_id),
-        dtype=dtype,
-        val_fraction=val_fraction,
-        sources=[s.to_dict() for s in sources],
-        splits={split: _concat([r.splits[split] for r in results]) for split in ("train", "val")},
-        skipped_empty_documents=sum(r.skipped_empty_documents for r in results),
-    )
-
-
-def _commit(out: Path, manifest: Manifest, sources: list[Source], work: Path) -> None:
-    """Write the manifest (the commit point) once the tasks' shards are checked, then drop the
-    shards it does not list."""
-    if manifest.splits["train"].documents + manifest.splits["val"].documents == 0:
-        raise LongctxError(f"inputs {[s.path for s in sources]} hold no non-empty documents")
-    where = ", ".join(str(s.path) for s in sources)
-    check_val_split(manifest.splits, manifest.val_fraction, where)
+    # the tasks' shards in task order: the documents in input order
+    splits = {split: _concat([r.splits[split] for r in results]) for split in SPLITS}
+    skipped = sum(r.skipped_empty_documents for r in results)
+    sources_listed = [s.to_dict() for s in sources]
+    manifest = Manifest.of(input_hash, tok, splits, sources_listed, val_fraction, skipped)
     if not shard_files_intact(out, manifest):
         raise RuntimeError(
             f"{out}: a shard the tasks listed is missing or resized (was the folder edited "
             f"while prepare ran?); delete {work} and prepare again"
         )
+    commit(out, manifest, ", ".join(str(s.path) for s in sources))
+    return manifest
+
+
+def commit(out: Path, manifest: Manifest, where: str) -> None:
+    """Write the manifest (the commit point) of the shards in ``out``, read from ``where``, once
+    it is checked, then drop the shards it does not list."""
+    if manifest.splits["train"].documents + manifest.splits["val"].documents == 0:
+        raise LongctxError(f"inputs {where} hold no non-empty documents")
+    check_val_split(manifest.splits, manifest.val_fraction, where)
     write_manifest(out, manifest)
     _remove_unlisted_shards(out, manifest)
 
@@ -225,29 +202,24 @@ def _check_options(val_fraction, shard_tokens, tasks, workers, executor, slurm):
     return tasks, min(workers or cpus, tasks)
 
 
-def existing_manifest(out: Path, input_hash: str, overwrite: bool) -> Manifest | None:
-    """The manifest already in ``out`` when it is this exact preparation and intact."""
-    if not (out / MANIFEST_NAME).is_file():
-        return None
-    manifest = load_manifest(out)
-    if manifest.input_hash == input_hash and shard_files_intact(out, manifest):
-        return manifest
-    if manifest.input_hash != input_hash and not overwrite:
-        raise FileExistsError(
-            f"{out} holds a corpus prepared from other inputs or options (input hash "
-            f"{manifest.input_hash[:12]}, this run {input_hash[:12]}); choose another output "
-            "folder or pass overwrite=True / --overwrite"
-        )
-    return None
-
-
-def claim_output_folder(out: Path) -> None:
-    """Create ``out`` and mark it ours; refuse a non-empty folder that prepare did not make.
+def claim_output_folder(out: Path, input_hash: str, overwrite: bool) -> Manifest | None:
+    """The manifest already in ``out`` when it is this exact preparation and intact. Else None,
+    once ``out`` is created, marked ours and rid of its old manifest (the old commit point);
+    a non-empty folder that prepare did not make is refused.
 
     The marker is written before any shard, so an interrupted run's folder is still ours.
     """
-    marked = (out / PREPARED_MARKER).is_file() or (out / MANIFEST_NAME).is_file()
-    if out.is_dir() and not marked and any(out.iterdir()):
+    if (out / MANIFEST_NAME).is_file():
+        manifest = load_manifest(out)
+        if manifest.input_hash == input_hash and shard_files_intact(out, manifest):
+            return manifest
+        if manifest.input_hash != input_hash and not overwrite:
+            raise FileExistsError(
+                f"{out} holds a corpus prepared from other inputs or options (input hash "
+                f"{manifest.input_hash[:12]}, this run {input_hash[:12]}); choose another output "
+                "folder or pass overwrite=True / --overwrite"
+            )
+    elif out.is_dir() and not (out / PREPARED_MARKER).is_file() and any(out.iterdir()):
         raise FileExistsError(
             f"--out {out} is a non-empty folder that holds no prepared corpus (no "
             f"{MANIFEST_NAME} or {PREPARED_MARKER}); expected a new or empty folder, so "
@@ -256,6 +228,8 @@ def claim_output_folder(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not (out / PREPARED_MARKER).is_file():
         atomic_write_bytes(out / PREPARED_MARKER, b"written by python -m longctx.data.prepare\n")
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+    return None
 
 
 def _work_dir(out: Path, input_hash: str, tasks: int) -> Path:
@@ -276,7 +250,7 @@ def _input_hash(sources: list[Source], spec: dict, val_fraction: float, shard_to
         "shard_tokens": shard_tokens,
         "format_version": FORMAT_VERSION,
     }
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return settings_digest(key)
 
 
 def _concat(splits: list[SplitInfo]) -> SplitInfo:
@@ -287,7 +261,6 @@ def _concat(splits: list[SplitInfo]) -> SplitInfo:
     )
 
 
-# --------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m longctx.data.prepare",
@@ -328,13 +301,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         shard_tokens=args.shard_tokens,
         overwrite=args.overwrite,
     )
+    print_written(manifest, args.out)
+
+
+def print_written(manifest: Manifest, out: str) -> None:
     for name, split in manifest.splits.items():
         print(
             f"{name}: {split.documents} documents, {split.tokens} tokens, "
             f"{len(split.shards)} shards ({manifest.dtype})"
         )
-    print(f"wrote {args.out}")
-    print(f"next: python train.py data=shards data.shards={args.out}")
+    print(f"wrote {out}")
+    print(f"next: python train.py data=shards data.shards={out}")
 
 
 cli = command(

@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from longctx.errors import LongctxError
-from longctx.io import atomic_file, atomic_write_bytes
+from longctx.io import atomic_file, atomic_write_bytes, remove_temp_files
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -38,6 +39,26 @@ PREPARED_MARKER = ".longctx-prepare"
 
 class ManifestError(LongctxError):
     """A manifest that cannot be read: its path and the offending key are in the message."""
+
+
+@dataclasses.dataclass
+class Vocabulary:
+    """The ids a corpus's tokens mean: what its manifest records of its tokenizer."""
+
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+    spec: dict
+
+
+def token_dtype(vocab_size: int) -> str:
+    """uint16 shards while every id fits; ids past 65535 need uint32 (uint16 wraps silently)."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32).name
+
+
+def settings_digest(settings) -> str:
+    """sha256 of ``settings`` as sorted JSON: the same settings always give the same digest."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
 @dataclasses.dataclass
@@ -70,6 +91,30 @@ class Manifest:
     splits: dict[str, SplitInfo]
     skipped_empty_documents: int = 0
     format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def of(
+        cls,
+        input_hash: str,
+        vocab: Vocabulary,
+        splits: dict[str, SplitInfo],
+        sources: list[dict],
+        val_fraction: float = 0.0,
+        skipped_empty_documents: int = 0,
+    ) -> Manifest:
+        """``vocab``: a Vocabulary or a tokenizer (they name the same four attributes)."""
+        return cls(
+            input_hash=input_hash,
+            tokenizer=vocab.spec,
+            vocab_size=int(vocab.vocab_size),
+            eos_id=int(vocab.eos_id),
+            pad_id=int(vocab.pad_id),
+            dtype=token_dtype(vocab.vocab_size),
+            val_fraction=val_fraction,
+            sources=sources,
+            splits=splits,
+            skipped_empty_documents=skipped_empty_documents,
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -136,7 +181,6 @@ def atomic_save_npy(path: Path, array: np.ndarray) -> None:
         np.save(f, array, allow_pickle=False)
 
 
-# --------------------------------------------------------------------------- manifest
 def check_val_split(splits: dict[str, SplitInfo], val_fraction: float, where: str | Path) -> None:
     """A requested validation split that came out empty is refused (training would find no
     validation rows): a small corpus at the default 1% often draws none."""
@@ -214,7 +258,43 @@ def staged_folder(out: Path) -> Iterator[Path]:
         raise
 
 
-# --------------------------------------------------------------------------- writer
+def require_new_folder(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise LongctxError(
+            f"--out is not a new or empty folder ({out}); choose another: a generated corpus "
+            "is never written among other files"
+        )
+
+
+def write_generated(
+    out: str | Path,
+    options: dict,
+    vocab: Vocabulary,
+    write_splits: Callable[[Path, str], dict[str, SplitInfo]],
+) -> Manifest:
+    """A corpus generated as ``options`` say (its one recorded source; their digest is its input
+    hash) into ``out``, new or empty, where it appears whole or not at all.
+    ``write_splits(folder, dtype)`` writes the documents."""
+    out = Path(out)
+    require_new_folder(out)
+    with staged_folder(out) as folder:
+        splits = write_splits(folder, token_dtype(vocab.vocab_size))
+        manifest = Manifest.of(settings_digest(options), vocab, splits, [options])
+        write_manifest(folder, manifest)
+    return manifest
+
+
+def task_writers(folder: Path, task: int, dtype: str, shard_tokens: int) -> dict[str, SplitWriter]:
+    """Task ``task``'s writer per split, once a killed attempt's leftovers (its own only) are
+    gone."""
+    writers = {}
+    for split in SPLITS:
+        stem = f"{split}-{task:05d}"
+        remove_temp_files(folder, stem)
+        writers[split] = SplitWriter(folder, stem, dtype, shard_tokens)
+    return writers
+
+
 class SplitWriter:
     """Accumulates documents and writes a shard (tokens + offsets) every ``shard_tokens``.
 
@@ -262,7 +342,6 @@ class SplitWriter:
         return self.info
 
 
-# --------------------------------------------------------------------------- reader
 class ShardSet:
     """The documents of one split of a prepared folder, memory-mapped and validated on open.
 

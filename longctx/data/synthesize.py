@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
 import math
 import random
 from collections.abc import Sequence
@@ -53,12 +51,13 @@ from longctx.data.cache import written_once
 from longctx.data.config import Synthesized, check_mix_settings
 from longctx.data.corpus import resolve_haystack
 from longctx.data.shards import (
-    FORMAT_VERSION,
     Manifest,
+    SplitInfo,
     SplitWriter,
     load_manifest,
-    staged_folder,
-    write_manifest,
+    require_new_folder,
+    settings_digest,
+    write_generated,
 )
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import LongctxError
@@ -97,12 +96,7 @@ def synthesize(
     folder appears whole or not at all: a refusal midway (a task that does not fit
     ``max_length``) or a crash leaves nothing behind."""
     names = check_mix_settings(tasks, seed, documents, min_length, max_length)
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TaskInputError(
-            f"--out is not a new or empty folder ({out}); choose another, synthesize never "
-            "writes among other files"
-        )
+    require_new_folder(Path(out))  # before the haystack, which may be prepared first
     tok = load_tokenizer(tokenizer)
     source = resolve_haystack(haystack, cache_dir)
     options = {
@@ -110,35 +104,15 @@ def synthesize(
         "min_length": min_length, "max_length": max_length,
         "haystack": getattr(source, "name", str(haystack)), "tokenizer": tok.spec,
     }  # fmt: skip
-    with staged_folder(out) as folder:
-        return _write(folder, options, tok, source)
 
+    def write_splits(folder: Path, dtype: str) -> dict[str, SplitInfo]:
+        writer = SplitWriter(folder, "train-00000", dtype, SHARD_TOKENS)
+        for i in range(documents * len(names)):
+            name = names[i % len(names)]
+            writer.add(document(name, i // len(names), seed, tok, (min_length, max_length), source))
+        return {"train": writer.close(), "val": SplitInfo()}
 
-def _write(folder: Path, options: dict, tok, source) -> Manifest:
-    names, seed, lengths = (
-        options["tasks"],
-        options["seed"],
-        (options["min_length"], options["max_length"]),
-    )
-    dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32).name
-    writer = SplitWriter(folder, "train-00000", dtype, SHARD_TOKENS)
-    for i in range(options["documents"] * len(names)):
-        name = names[i % len(names)]
-        writer.add(document(name, i // len(names), seed, tok, lengths, source))
-    manifest = Manifest(
-        input_hash=hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest(),
-        tokenizer=tok.spec,
-        vocab_size=int(tok.vocab_size),
-        eos_id=int(tok.eos_id),
-        pad_id=int(tok.pad_id),
-        dtype=dtype,
-        val_fraction=0.0,
-        sources=[options],
-        splits={"train": writer.close(), "val": SplitWriter(folder, "val", dtype, 1).close()},
-        format_version=FORMAT_VERSION,
-    )
-    write_manifest(folder, manifest)
-    return manifest
+    return write_generated(out, options, tok, write_splits)
 
 
 def holds_only_training_haystacks(folder: str | Path | Synthesized) -> bool:
@@ -156,7 +130,6 @@ def holds_only_training_haystacks(folder: str | Path | Synthesized) -> bool:
     )
 
 
-# ------------------------------------------------------------------ mixes in the cache
 def synthesized_dir(
     spec: Synthesized, cache_dir: str | Path | None = None, default_tokenizer: str | None = None
 ) -> Path:
@@ -166,7 +139,7 @@ def synthesized_dir(
     ``default_tokenizer``: the run's (data.tokenizer), for a spec that names none."""
     spec = dataclasses.replace(spec, tokenizer=spec.tokenizer or default_tokenizer or "byte")
     settings = dataclasses.asdict(spec) | {"version": VERSION}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    digest = settings_digest(settings)[:12]
     name = f"synthesized_L{spec.min_length}-{spec.max_length}_s{spec.seed}_{digest}"
 
     def write(out: Path) -> None:
@@ -201,7 +174,6 @@ def _check_synthesized(folder: Path, settings: dict) -> None:
         )
 
 
-# --------------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str] | None = None) -> Manifest:
     p = argparse.ArgumentParser(
         prog="python -m longctx.data.synthesize",

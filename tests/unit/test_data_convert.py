@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longctx.data.convert import MEGATRON_HEADER, Vocabulary, convert, main, vocabulary
-from longctx.data.shards import MANIFEST_NAME, ShardSet, load_manifest
+from longctx.data.convert import MEGATRON_HEADER, convert, main, vocabulary
+from longctx.data.shards import MANIFEST_NAME, ShardSet, Vocabulary, load_manifest
 
 VOCAB = Vocabulary(vocab_size=1000, eos_id=999, pad_id=999, spec={"kind": "external", "name": "t"})
 RNG = np.random.default_rng(0)
