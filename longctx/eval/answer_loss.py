@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.errors import LongctxError
 from longctx.eval.documents import document_batches, score_documents
-from longctx.eval.files import EVAL_DIR, HELD_OUT_ANSWERS_CSV, append_rows
+from longctx.eval.files import HELD_OUT_ANSWERS_CSV, append_rows, callback_out
 from longctx.synthetic import Encoder, TextHaystack, ood
 from longctx.synthetic.tasks import TASKS, check_tasks
 
@@ -101,7 +100,6 @@ class HeldOutAnswerLoss(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Build the documents before training: a row too short for them stops here."""
-
         dm = trainer.datamodule
         tokenizer = dm.tokenizer()
         text = "\n\n".join(tokenizer.decode(d[:-1]) for d in dm.val_documents(None))
@@ -119,6 +117,6 @@ class HeldOutAnswerLoss(L.Callback):
         tokens = sum(r["tokens"] for r in rows)
         pl_module.log("val/answer_loss", sum(r["loss_sum"] for r in rows) / tokens, batch_size=1)
         if trainer.is_global_zero:
-            out = Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
+            out = callback_out(trainer, self.out_dir)
             step = trainer.global_step
             append_rows([{"step": step, **r} for r in rows], out / HELD_OUT_ANSWERS_CSV)

@@ -9,7 +9,6 @@ W&B table) and, at the end of fit, the passkey probe. ``<out>`` defaults to the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -17,14 +16,14 @@ import torch
 from longctx.errors import LongctxError
 from longctx.eval.documents import document_batches, eval_mode, mean_loss, score_documents
 from longctx.eval.files import (
-    EVAL_DIR,
     HELD_OUT_DOCUMENTS_CSV,
     LONG_DOCUMENTS_CSV,
     PASSKEY_ACCURACY_CSV,
     PASSKEY_PROBES_CSV,
     POSITION_LOSS_CSV,
     append_rows,
-    wandb_runs,
+    callback_out,
+    log_wandb,
     write_json,
     write_rows,
 )
@@ -37,12 +36,8 @@ from longctx.eval.long_documents import (
     probe_lengths,
     score_long_documents,
 )
-from longctx.eval.passkey import (
-    DEFAULT_DEPTHS,
-    accuracy_table,
-    make_probes,
-    score_probes,
-)
+from longctx.eval.passkey import accuracy_table, make_probes, score_probes
+from longctx.eval.ruler.generate import DEFAULT_DEPTHS
 
 
 class PositionLossCurves(L.Callback):
@@ -63,9 +58,6 @@ class PositionLossCurves(L.Callback):
         self.probe_depths, self.probe_samples = list(probe_depths), probe_samples
         self.probe_batch_size, self.seed = probe_batch_size, seed
 
-    def _out(self, trainer: L.Trainer) -> Path:
-        return Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Refuse probe lengths RoPE is not configured for before training, not at its end."""
         if self.probe and trainer.datamodule is not None:
@@ -75,52 +67,37 @@ class PositionLossCurves(L.Callback):
     def _probe_lengths(self, seq_len: int) -> list[int]:
         return list(self.probe_lengths or probe_lengths(seq_len, self.probe_factor))
 
-    # ------------------------------------------------------------ per-position loss
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         acc = getattr(pl_module, "val_position_loss", None)
         if trainer.sanity_checking or not trainer.is_global_zero or acc is None:
             return
         step = trainer.global_step
         rows = [{"step": step, **r} for r in acc.records()]
-        out = self._out(trainer)
+        out = callback_out(trainer, self.out_dir)
         append_rows(rows, out / POSITION_LOSS_CSV)
         write_json(
             {"step": step, "val_loss": acc.mean_loss(), "buckets": rows},
             out / f"position_loss_step{step}.json",
         )
-        self._log_wandb_curves(trainer, rows)
+        log_wandb(trainer, lambda wandb: curve_plots(wandb, rows, step))
 
-    def _log_wandb_curves(self, trainer: L.Trainer, rows: list[dict]) -> None:
-        runs = wandb_runs(trainer)
-        if not runs:
-            return
-        import wandb
-
-        columns = ["step", "kind", "bucket_start", "loss", "tokens"]
-        payload = {}
-        for kind in ("absolute", "in_document"):
-            data = [[r[c] for c in columns] for r in rows if r["kind"] == kind and r["tokens"]]
-            table = wandb.Table(columns=columns, data=data)
-            payload[f"val/position_loss_{kind}"] = wandb.plot.line(
-                table, "bucket_start", "loss", title=f"val loss by {kind} position (log2 buckets)"
-            )
-        for run in runs:
-            run.log({**payload, "trainer/global_step": trainer.global_step})
-
-    # ---------------------------------------------------------------- passkey probe
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.probe or not trainer.is_global_zero or trainer.datamodule is None:
             return
         results = self.run_probe(trainer, pl_module)
         table = accuracy_table(results)
-        out = self._out(trainer)
+        out = callback_out(trainer, self.out_dir)
         write_rows(results, out / PASSKEY_PROBES_CSV)
         write_rows(table, out / PASSKEY_ACCURACY_CSV)
         write_json({"step": trainer.global_step, "passkey": table}, out / "passkey.json")
-        self._log_wandb_probe(trainer, table)
+        columns = list(table[0])
+        data = [[r[c] for c in columns] for r in table]
+        log_wandb(
+            trainer,
+            lambda wandb: {"eval/passkey_accuracy": wandb.Table(columns=columns, data=data)},
+        )
 
     def run_probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[dict]:
-
         dm = trainer.datamodule
         tokenizer = dm.tokenizer()
         lengths = self._probe_lengths(dm.config.seq_len)
@@ -128,16 +105,18 @@ class PositionLossCurves(L.Callback):
         with eval_mode(pl_module.model) as model, torch.no_grad():
             return score_probes(model, probes, self.probe_batch_size, pl_module.device)
 
-    def _log_wandb_probe(self, trainer: L.Trainer, table: list[dict]) -> None:
-        runs = wandb_runs(trainer)
-        if not runs:
-            return
-        import wandb
 
-        columns = list(table[0])
-        data = [[r[c] for c in columns] for r in table]
-        for run in runs:
-            run.log({"eval/passkey_accuracy": wandb.Table(columns=columns, data=data)})
+def curve_plots(wandb, rows: list[dict], step: int) -> dict:
+    """W&B line plots of one validation's curve, one per kind of position."""
+    columns = ["step", "kind", "bucket_start", "loss", "tokens"]
+    payload = {"trainer/global_step": step}
+    for kind in ("absolute", "in_document"):
+        data = [[r[c] for c in columns] for r in rows if r["kind"] == kind and r["tokens"]]
+        table = wandb.Table(columns=columns, data=data)
+        payload[f"val/position_loss_{kind}"] = wandb.plot.line(
+            table, "bucket_start", "loss", title=f"val loss by {kind} position (log2 buckets)"
+        )
+    return payload
 
 
 class HeldOutDocumentLoss(L.Callback):
@@ -158,11 +137,8 @@ class HeldOutDocumentLoss(L.Callback):
             raise LongctxError(
                 f"num_documents={num_documents}, rows_per_batch={rows_per_batch}; expected >= 1"
             )
-        self.num_documents, self.rows_per_batch, self.out_dir = (
-            num_documents,
-            rows_per_batch,
-            out_dir,
-        )
+        self.num_documents, self.rows_per_batch = num_documents, rows_per_batch
+        self.out_dir = out_dir
         self._batches = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -180,9 +156,17 @@ class HeldOutDocumentLoss(L.Callback):
         pl_module.log("val/held_out_loss", mean_loss(records), batch_size=1)
         if trainer.is_global_zero:
             step = trainer.global_step
-            out = Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
+            out = callback_out(trainer, self.out_dir)
             append_rows([{"step": step, **r} for r in records], out / HELD_OUT_DOCUMENTS_CSV)
-            self._log_wandb_curve(trainer, records)
+            curve = position_curve(records)
+            columns = ["bucket_start", "loss", "tokens"]
+            log_wandb(
+                trainer,
+                lambda wandb: {
+                    "val/held_out_position_loss": wandb.Table(columns=columns, data=curve),
+                    "trainer/global_step": step,
+                },
+            )
 
     def _document_batches(self, datamodule):
         if self._batches is None:
@@ -190,19 +174,6 @@ class HeldOutDocumentLoss(L.Callback):
             seq_len = datamodule.config.seq_len
             self._batches = document_batches(docs, seq_len, self.rows_per_batch, datamodule.pad_id)
         return self._batches
-
-    def _log_wandb_curve(self, trainer: L.Trainer, records: list[dict]) -> None:
-        runs = wandb_runs(trainer)
-        if not runs:
-            return
-        import wandb
-
-        curve = position_curve(records)
-        table = wandb.Table(columns=["bucket_start", "loss", "tokens"], data=curve)
-        for run in runs:
-            run.log(
-                {"val/held_out_position_loss": table, "trainer/global_step": trainer.global_step}
-            )
 
 
 def position_curve(records: list[dict]) -> list[list]:
@@ -258,6 +229,6 @@ class LongDocumentLoss(L.Callback):
             pl_module.log(name, value, batch_size=1)
         if trainer.is_global_zero:
             step = trainer.global_step
-            out = Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
+            out = callback_out(trainer, self.out_dir)
             append_rows([{"step": step, **r} for r in scored["curve"]], out / LONG_DOCUMENTS_CSV)
             write_json({"step": step, "octaves": table}, out / f"long_documents_step{step}.json")

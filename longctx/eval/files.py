@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -61,8 +62,21 @@ def _json_safe(obj):
     return obj
 
 
-def wandb_runs(trainer) -> list:
-    """The W&B run objects of the trainer's WandbLoggers (empty without one)."""
+def callback_out(trainer, out_dir: str | None) -> Path:
+    """A callback's output folder: ``out_dir``, else the run folder's EVAL_DIR."""
+    return Path(out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
+
+
+def log_wandb(trainer, payload: Callable[[Any], dict]) -> None:
+    """Log ``payload(wandb)`` to the trainer's WandbLoggers' runs; wandb is imported only when
+    there is one (it is an optional dependency)."""
     from lightning.pytorch.loggers import WandbLogger
 
-    return [lg.experiment for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+    runs = [lg.experiment for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+    if not runs:
+        return
+    import wandb
+
+    logged = payload(wandb)
+    for run in runs:
+        run.log(logged)

@@ -10,7 +10,6 @@ collectives stay matched. Scoring modes, what is logged and written: docs/effect
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -19,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from longctx.context_shard import data_parallel_rank_and_size
 from longctx.cp_balance import rank_unit
 from longctx.eval.documents import eval_mode
-from longctx.eval.files import EVAL_DIR, RULER_RESULTS_CSV, append_rows, wandb_runs, write_json
+from longctx.eval.files import RULER_RESULTS_CSV, append_rows, callback_out, log_wandb, write_json
 from longctx.eval.long_documents import check_eval_length, check_factor, multiples
 from longctx.eval.ruler.generate import plan_instances
 from longctx.eval.ruler.scoring import TEACHER_FORCED, check_mode, score_instances, summarize
@@ -69,7 +68,6 @@ class RulerEval(L.Callback):
         self._validations = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-
         dm = trainer.datamodule
         lengths = list(self.lengths or default_ruler_lengths(dm.config.seq_len, self.factor))
         for n in lengths:
@@ -122,23 +120,21 @@ class RulerEval(L.Callback):
 
     def _write(self, trainer: L.Trainer, results: list[dict], report: dict) -> None:
         step = trainer.global_step
-        out = Path(self.out_dir or Path(trainer.default_root_dir) / EVAL_DIR)
+        out = callback_out(trainer, self.out_dir)
         append_rows(
             [{"step": step, "seed": self.seed, **r} for r in results], out / RULER_RESULTS_CSV
         )
         write_json(
             {"step": step, "instance_seed": self.seed, **report}, out / f"ruler_step{step}.json"
         )
-        runs = wandb_runs(trainer)
-        if runs:
-            import wandb
-
-            data = [[step] + [c[k] for k in TABLE_COLUMNS[1:]] for c in report["cells"]]
-            for run in runs:
-                run.log(
-                    {TABLE_KEY: wandb.Table(columns=TABLE_COLUMNS, data=data),
-                     "trainer/global_step": step}
-                )  # fmt: skip
+        data = [[step] + [c[k] for k in TABLE_COLUMNS[1:]] for c in report["cells"]]
+        log_wandb(
+            trainer,
+            lambda wandb: {
+                TABLE_KEY: wandb.Table(columns=TABLE_COLUMNS, data=data),
+                "trainer/global_step": step,
+            },
+        )
 
 
 def replica_share(instances: Sequence, rank: int, size: int) -> list[int]:
