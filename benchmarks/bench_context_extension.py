@@ -24,7 +24,7 @@ import torch
 
 from longctx.data import DataConfig, LongCtxDataModule
 from longctx.eval.long_documents import load_long_documents, probe_lengths
-from longctx.eval.passkey import DEFAULT_DEPTHS
+from longctx.eval.ruler.generate import DEFAULT_DEPTHS
 from longctx.model import Llama, LlamaConfig
 
 RESULTS = Path(__file__).parent / "results" / "context_extension.json"

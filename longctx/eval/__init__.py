@@ -1,10 +1,9 @@
 """Evaluation: loss by position, long-range probes."""
 
-from longctx.eval.passkey import PasskeyProbe, accuracy_table, make_probes, score_probes
+from longctx.eval.passkey import accuracy_table, make_probes, score_probes
 from longctx.eval.position_loss import PositionLoss, bucket_of, bucket_starts
 
 __all__ = [
-    "PasskeyProbe",
     "PositionLoss",
     "accuracy_table",
     "bucket_of",

@@ -41,14 +41,10 @@ from longctx.eval.long_documents import (
     probe_lengths,
     score_long_documents,
 )
-from longctx.eval.passkey import (
-    DEFAULT_DEPTHS,
-    accuracy_table,
-    make_probes,
-    score_probes,
-)
+from longctx.eval.passkey import accuracy_table, make_probes, score_probes
 from longctx.eval.position_loss import PositionLoss
 from longctx.eval.ruler.callback import default_ruler_lengths
+from longctx.eval.ruler.generate import DEFAULT_DEPTHS
 from longctx.eval.ruler.instances import RulerInputError
 from longctx.eval.ruler.scoring import GENERATE, SCORING_MODES
 from longctx.eval.ruler.suite import SuiteSettings, run_suite
@@ -235,13 +231,11 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.hf is not None:
         return run_hf(args)
-    stored = read_stored_run(
-        args.checkpoint, CONFIG_TARGETS
-    )  # names the file when missing or unreadable
+    stored = read_stored_run(args.checkpoint, CONFIG_TARGETS)  # names a missing, unreadable file
     model_config, data_config = load_configs(stored, args.seq_len, args.cache_dir, args.backend)
     check_backend(model_config.attn_backend, args.device)
-    out = args.out or _default_out(args.checkpoint.resolve())
-    check_out(args.out or (out / "ruler" if args.suite == "ruler" else out))
+    out = args.out or _default_out(args.checkpoint.resolve(), args.suite)
+    check_out(out)
     if args.suite == "ruler":
         check_factor(args.long_factor)
         lengths = args.lengths or default_ruler_lengths(data_config.seq_len, args.long_factor)
@@ -253,9 +247,8 @@ def run(args: argparse.Namespace) -> dict:
         check_lengths(args, model_config.max_seq_len, data_config.seq_len)
     model = load_model(stored, model_config, args.device)
     datamodule = LongCtxDataModule(data_config)
-    if args.suite == "ruler":  # beside the in-loop callback's eval/ruler_*, not over them
+    if args.suite == "ruler":
         tokenizer = datamodule.tokenizer()
-        out = args.out or out / "ruler"
         return run_suite(model, tokenizer, settings, out, args.device, data_config.cache_dir)
     acc = position_loss(model, datamodule, args.device)
     summary = {
@@ -324,10 +317,12 @@ def check_out(out: Path) -> None:
             return
 
 
-def _default_out(checkpoint: Path) -> Path:
-    """<run>/eval for a checkpoint in a run folder; beside the checkpoint otherwise."""
+def _default_out(checkpoint: Path, suite: str) -> Path:
+    """<run>/eval for a checkpoint in a run folder, beside the checkpoint otherwise; the suite's
+    in its ruler/ (beside the in-loop callback's eval/ruler_*, not over them)."""
     run = run_folder_of(checkpoint)
-    return (run if run is not None else checkpoint.parent) / EVAL_DIR
+    out = (run if run is not None else checkpoint.parent) / EVAL_DIR
+    return out / "ruler" if suite == "ruler" else out
 
 
 def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> None:

@@ -21,8 +21,6 @@ from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.errors import LongctxError
 from longctx.eval.position_loss import bucket_of, bucket_starts
 
-RECORD_COLUMNS = ["doc", "bucket_start", "tokens", "loss_sum"]
-
 
 def document_batches(
     docs: Sequence[np.ndarray], seq_len: int, rows_per_batch: int, pad_id: int
@@ -94,15 +92,18 @@ def document_records(
 
 
 @torch.no_grad()
-def score_documents(model, batches, device: torch.device, forward_context=None) -> list[dict]:
-    """Per (document, bucket) records of ``model.token_loss`` over :func:`document_batches`."""
-    records = []
+def score_documents(
+    model, batches, device: torch.device, forward_context=None, records=document_records
+) -> list:
+    """``records(token_loss, batch, rows)`` of ``model.token_loss`` (on the CPU) over every
+    batch of :func:`document_batches`, concatenated: per (document, bucket) by default."""
+    out = []
     with eval_mode(model):
         for batch, rows in batches:
             with (forward_context or contextlib.nullcontext)():
                 token_loss = model.token_loss(batch.to(device))
-            records += document_records(token_loss.float().cpu(), batch, rows)
-    return records
+            out += records(token_loss.float().cpu(), batch, rows)
+    return out
 
 
 @contextlib.contextmanager

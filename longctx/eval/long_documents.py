@@ -11,15 +11,13 @@ trained on, ``[L, 2L)`` and ``[2L, 4L)`` are extrapolation.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from longctx.errors import LongctxError
-from longctx.eval.documents import document_batches, document_records, eval_mode
+from longctx.eval.documents import document_batches, document_records, score_documents
 
 
 def check_eval_length(length: int, max_seq_len: int, what: str) -> None:
@@ -52,20 +50,14 @@ def octave_starts(seq_len: int, factor: int) -> list[int]:
     return [0] + [m * seq_len // 2 for m in multiples(factor)]
 
 
-def default_lengths(max_len: int, min_len: int = 1024) -> list[int]:
-    """Powers of two from min(min_len, max_len) up to max_len, plus max_len itself."""
-    if max_len < 1:
-        raise LongctxError(f"max_len={max_len}; expected >= 1")
-    out, n = [], min(min_len, max_len)
-    while n < max_len:
-        out.append(n)
-        n *= 2
-    return out + [max_len]
-
-
 def probe_lengths(seq_len: int, factor: int) -> list[int]:
-    """Passkey context lengths up to factor x seq_len (1024, 2048, ... and every multiple)."""
-    return sorted(set(default_lengths(factor * seq_len)) | {m * seq_len for m in multiples(factor)})
+    """Passkey context lengths up to factor x seq_len: the powers of two from 1024 below it,
+    and every multiple of seq_len (1x, 2x ... factor x)."""
+    if seq_len < 1:
+        raise LongctxError(f"seq_len={seq_len}; expected >= 1")
+    longest = factor * seq_len
+    powers = {1024 * 2**k for k in range(longest.bit_length()) if 1024 * 2**k < longest}
+    return sorted(powers | {m * seq_len for m in multiples(factor)})
 
 
 def load_long_documents(data_config) -> list[np.ndarray]:
@@ -100,7 +92,6 @@ def held_out_books_unseen(data_config) -> bool:
     )
 
 
-@torch.no_grad()
 def score_long_documents(
     model,
     docs: Sequence[np.ndarray],
@@ -117,16 +108,17 @@ def score_long_documents(
     length = factor * seq_len
     check_eval_length(length, max_seq_len, f"{factor} x seq_len={seq_len}")
     starts = octave_starts(seq_len, factor)
-    out = {"curve": [], "octaves": []}
-    with eval_mode(model):
-        for batch, rows in document_batches(docs, length, 1, pad_id):
-            batch = batch.to(device)
-            with (forward_context or contextlib.nullcontext)():
-                token_loss = model.token_loss(batch)
-            token_loss, batch = token_loss.float().cpu(), batch.to("cpu")
-            out["curve"] += document_records(token_loss, batch, rows)
-            out["octaves"] += document_records(token_loss, batch, rows, starts)
-    return out
+
+    def both(token_loss, batch, rows) -> list[tuple[list[dict], list[dict]]]:
+        curve = document_records(token_loss, batch, rows)
+        return [(curve, document_records(token_loss, batch, rows, starts))]
+
+    batches = document_batches(docs, length, 1, pad_id)
+    scored = score_documents(model, batches, device, forward_context, both)
+    return {
+        "curve": [r for curve, _ in scored for r in curve],
+        "octaves": [r for _, octaves in scored for r in octaves],
+    }
 
 
 def octave_table(records: Sequence[dict], seq_len: int, factor: int) -> list[dict]:

@@ -9,7 +9,6 @@ probe's own result rows (``passkey`` per probe) and table.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -17,36 +16,15 @@ import torch
 from longctx.errors import LongctxError
 from longctx.eval.ruler.generate import DEFAULT_DEPTHS, make_instance
 from longctx.eval.ruler.instances import Instance
-from longctx.eval.ruler.scoring import answer_logits, score_instances
-from longctx.eval.ruler.scoring import instance_batch as probe_batch
-
-__all__ = [
-    "DEFAULT_DEPTHS",
-    "PasskeyProbe",
-    "accuracy_table",
-    "answer_logits",
-    "make_probe",
-    "make_probes",
-    "probe_batch",
-    "score_probes",
-]
-
-
-@dataclasses.dataclass(frozen=True)
-class PasskeyProbe(Instance):
-    """A passkey instance; ``passkey`` is its answer."""
-
-    @property
-    def passkey(self) -> str:
-        return self.answer
+from longctx.eval.ruler.scoring import score_instances
 
 
 def make_probe(
     tokenizer, length: int, depth: float, seed: int, sample: int = 0, digits: int = 5
-) -> PasskeyProbe:
-    """One passkey probe of ``length`` input tokens with the needle at ``depth`` in [0, 1]."""
-    instance = make_instance("lc_passkey", tokenizer, length, depth, seed, sample, "noise", digits)
-    return PasskeyProbe(**{f.name: getattr(instance, f.name) for f in dataclasses.fields(Instance)})
+) -> Instance:
+    """One passkey probe of ``length`` input tokens with the needle at ``depth`` in [0, 1]; its
+    ``answer`` is the passkey."""
+    return make_instance("lc_passkey", tokenizer, length, depth, seed, sample, "noise", digits)
 
 
 def make_probes(
@@ -56,7 +34,7 @@ def make_probes(
     samples: int = 4,
     seed: int = 0,
     digits: int = 5,
-) -> list[PasskeyProbe]:
+) -> list[Instance]:
     """Every (length, depth, sample) probe, in that order; deterministic given the seed."""
     if samples < 1:
         raise LongctxError(f"samples={samples}; expected >= 1")
@@ -70,7 +48,7 @@ def make_probes(
 
 @torch.no_grad()
 def score_probes(
-    model, probes: Sequence[PasskeyProbe], batch_size: int = 4, device: str | torch.device = "cpu"
+    model, probes: Sequence[Instance], batch_size: int = 4, device: str | torch.device = "cpu"
 ) -> list[dict]:
     """Per probe: length, depth, sample, passkey, correct (all answer tokens), token_accuracy."""
     keys = ("length", "depth", "sample", "passkey", "correct", "token_accuracy")

@@ -15,16 +15,10 @@ from helpers import FAST, assert_close_scaled, run_train
 from longctx.batch import IGNORE_INDEX, PackedBatch
 from longctx.data import ByteTokenizer
 from longctx.eval import cli
-from longctx.eval.long_documents import default_lengths
-from longctx.eval.passkey import (
-    accuracy_table,
-    answer_logits,
-    make_probe,
-    make_probes,
-    probe_batch,
-    score_probes,
-)
+from longctx.eval.long_documents import probe_lengths
+from longctx.eval.passkey import accuracy_table, make_probe, make_probes, score_probes
 from longctx.eval.position_loss import PositionLoss, bucket_starts
+from longctx.eval.ruler.scoring import answer_logits, instance_batch
 from longctx.model import Llama, LlamaConfig
 
 EOS = ByteTokenizer.EOS
@@ -86,15 +80,15 @@ def test_probe_generator_is_deterministic_and_exact():
     tok = ByteTokenizer()
     a = make_probes(tok, [128, 256], depths=[0.0, 0.5, 1.0], samples=2, seed=3)
     b = make_probes(tok, [128, 256], depths=[0.0, 0.5, 1.0], samples=2, seed=3)
-    assert [p.passkey for p in a] == [p.passkey for p in b]
+    assert [p.answer for p in a] == [p.answer for p in b]
     assert all(np.array_equal(p.tokens, q.tokens) for p, q in zip(a, b, strict=True))
     other = make_probes(tok, [128, 256], depths=[0.0, 0.5, 1.0], samples=2, seed=4)
-    assert [p.passkey for p in a] != [p.passkey for p in other]
+    assert [p.answer for p in a] != [p.answer for p in other]
     for p in a:
         # the prompt leaves the generation budget: prompt + tokens_to_generate = n
         assert len(p.prompt) == p.length - p.tokens_to_generate
-        assert text(p.tokens).endswith(f"The pass key is {p.passkey}")
-        assert text(p.tokens).count(p.passkey) == 2  # the needle and the answer
+        assert text(p.tokens).endswith(f"The pass key is {p.answer}")
+        assert text(p.tokens).count(p.answer) == 2  # the needle and the answer
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
@@ -112,8 +106,8 @@ def test_probe_labels_only_on_the_answer():
     labels = probe.labels()
     assert (labels != IGNORE_INDEX).sum() == probe.answer_len == 6  # " " + 5 digits
     answer = labels[labels != IGNORE_INDEX]
-    assert text(answer) == f" {probe.passkey}"
-    batch = probe_batch([probe, make_probe(ByteTokenizer(), 128, 0.0, seed=1)])
+    assert text(answer) == f" {probe.answer}"
+    batch = instance_batch([probe, make_probe(ByteTokenizer(), 128, 0.0, seed=1)])
     n = len(probe.tokens) - 1  # 128 - tokens_to_generate + the answer, less the last target
     assert batch.shape == (2, n) and batch.seq_lens.tolist() == [[n], [n]]
     # each label is the next input token: teacher forcing over the answer span
@@ -129,13 +123,13 @@ def test_probe_errors_name_the_bad_value():
     with pytest.raises(ValueError, match="depth=1.5"):
         make_probe(tok, 256, 1.5, seed=0)
     with pytest.raises(ValueError, match="one token count"):
-        probe_batch([make_probe(tok, 128, 0, 0), make_probe(tok, 256, 0, 0)])
+        instance_batch([make_probe(tok, 128, 0, 0), make_probe(tok, 256, 0, 0)])
 
 
-def test_default_lengths():
-    assert default_lengths(8192) == [1024, 2048, 4096, 8192]
-    assert default_lengths(3000) == [1024, 2048, 3000]
-    assert default_lengths(256) == [256]
+def test_probe_lengths_from_1024_to_the_length():
+    assert probe_lengths(8192, 1) == [1024, 2048, 4096, 8192]
+    assert probe_lengths(3000, 1) == [1024, 2048, 3000]
+    assert probe_lengths(256, 1) == [256]
 
 
 class ForcedModel(torch.nn.Module):
@@ -164,7 +158,7 @@ def test_scoring_with_a_forced_model(wrong, correct, token_accuracy):
     probes = make_probes(ByteTokenizer(), [128, 160], depths=[0.0, 1.0], samples=3, seed=0)
     results = score_probes(ForcedModel(wrong_answer_tokens=wrong), probes, batch_size=4)
     assert len(results) == len(probes) == 12
-    assert [r["passkey"] for r in results] == [p.passkey for p in probes]
+    assert [r["passkey"] for r in results] == [p.answer for p in probes]
     assert all(r["correct"] is correct for r in results)
     assert all(r["token_accuracy"] == pytest.approx(token_accuracy) for r in results)
     table = accuracy_table(results)
@@ -189,7 +183,7 @@ def test_answer_logits_from_hidden_states_equal_forward():
     config = LlamaConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
                          ffn_dim=64, attn_backend="sdpa")  # fmt: skip
     model = Llama(config).eval()
-    batch = probe_batch(make_probes(ByteTokenizer(), [96], depths=[0.0, 1.0], samples=1))
+    batch = instance_batch(make_probes(ByteTokenizer(), [96], depths=[0.0, 1.0], samples=1))
     mask = batch.labels != IGNORE_INDEX
     with torch.no_grad():
         full = model(batch)[mask]
