@@ -61,7 +61,6 @@ class NothingToProbe(LongctxError):
     """Rows that hold one document each: there is no other document a leak could reach."""
 
 
-# --------------------------------------------------------------------------- inputs
 @dataclasses.dataclass
 class ProbeRows:
     """Rows as the run builds them. ``pad_tokens[r]``: the length of row r's pad tail (the
@@ -171,7 +170,6 @@ def check_probeable(rows: Sequence[ProbeRows]) -> None:
         )
 
 
-# --------------------------------------------------------------------------- the probe
 def probe(
     target: Target,
     rows: Sequence[ProbeRows],
@@ -206,7 +204,6 @@ def _probe_rows(target, probed: ProbeRows, checks, tolerances, seed) -> list[Res
     return results
 
 
-# --------------------------------------------------------------------------- static checks
 def boundary_loss(probed: ProbeRows, seen: PackedBatch) -> list[Result]:
     """Targets the model gets at a segment end followed by another segment, and in pad tails."""
     b, length = probed.batch.shape
@@ -232,7 +229,7 @@ def boundary_loss(probed: ProbeRows, seen: PackedBatch) -> list[Result]:
                 f"row {r}: {int(flagged[r].sum())} {what}, the first at token {position} of "
                 f"document {k}{_span(probed, r, k)}"
             )
-        out.append(_count_result(name, probed.name, int(flagged.sum()), where))
+        out.append(_judged(name, probed.name, int(flagged.sum()), 0, where))
     return out
 
 
@@ -253,7 +250,7 @@ def positions(probed: ProbeRows, seen: PackedBatch, reset: bool) -> Result:
             f"position ids differ from the {arm} arm's; the first, at token {position}, is "
             f"{int(got[r, position])}, expected {int(expected[r, position])}"
         )
-    return _count_result("positions", probed.name, int(wrong.sum()), where)
+    return _judged("positions", probed.name, int(wrong.sum()), 0, where)
 
 
 def _whole_rows(seen: PackedBatch, values_Bl: Tensor) -> Tensor:
@@ -265,7 +262,6 @@ def _whole_rows(seen: PackedBatch, values_Bl: Tensor) -> Tensor:
     return _all_reduce(rows, dist.ReduceOp.MAX).cpu()
 
 
-# --------------------------------------------------------------------------- forwards
 @dataclasses.dataclass
 class Outputs:
     """A forward's outputs on this rank's tokens: logits [B, l, V] (compute dtype), per-token
@@ -342,7 +338,6 @@ def _reference(target: Target, batch: PackedBatch) -> tuple[Outputs, NoiseFloor]
     return ref, floor
 
 
-# --------------------------------------------------------------------------- isolation
 def isolation(
     target: Target,
     probed: ProbeRows,
@@ -371,13 +366,8 @@ def isolation(
     tols = [noise.tolerance("isolation", which, override) for which in ("logits", "loss")]
     results = [_control_result(probed, control, noise, tols[0])]
     for w, which in enumerate(("logits", "loss")):
-        where = _first_leak(probed, moved[w], tols[w])
-        verdict = "fail" if where else "pass"
-        results.append(
-            Result(
-                f"isolation/{which}", probed.name, float(moved[w].max()), tols[w], verdict, where
-            )
-        )
+        measured, where = float(moved[w].max()), _first_leak(probed, moved[w], tols[w])
+        results.append(_judged(f"isolation/{which}", probed.name, measured, tols[w], where))
     return results
 
 
@@ -413,7 +403,7 @@ def _control_result(probed, control: Tensor, noise: NoiseFloor, tol: float) -> R
     rows = [r for r in range(len(control)) if control[r] >= 0]
     if not rows:
         where = "no row holds a document of 2 or more tokens"
-        return Result("positive_control", probed.name, 0.0, need, "fail", where)
+        return _judged("positive_control", probed.name, 0.0, need, where)
     weakest = min(rows, key=lambda r: float(control[r]))
     value = float(control[weakest]) / noise.logits_scale
     where = ""
@@ -423,9 +413,8 @@ def _control_result(probed, control: Tensor, noise: NoiseFloor, tol: float) -> R
             f"row {weakest}, document {k}{_span(probed, weakest, k)}: changing its first token "
             f"moved its later logits by {value:.3g} only; the probe cannot tell a leak from noise"
         )
-    verdict = "fail" if where else "pass"
     note = f"must exceed {CONTROL_MARGIN:g}x the isolation tolerance"
-    return Result("positive_control", probed.name, value, need, verdict, where, note)
+    return _judged("positive_control", probed.name, value, need, where, note)
 
 
 def _first_leak(probed: ProbeRows, moved_BSS: Tensor, tol: float) -> str:
@@ -467,7 +456,6 @@ def _segment_max(values_l: Tensor, doc_ids_l: Tensor, num_segments: int) -> Tens
     return out.scatter_reduce_(0, doc_ids_l, values_l.flatten().float(), "amax")
 
 
-# --------------------------------------------------------------------------- equivalence
 def equivalence(
     target: Target,
     probed: ProbeRows,
@@ -508,16 +496,15 @@ def equivalence(
                 f"row {r}, document {k}{_span(probed, r, k)}: run alone its {which} differ by "
                 f"{float(diffs[w, r, k]):.3g}"
             )
-        verdict = "fail" if where else "pass"
         results.append(
-            Result(f"equivalence/{which}", probed.name, float(diffs[w].max()), tol, verdict, where)
+            _judged(f"equivalence/{which}", probed.name, float(diffs[w].max()), tol, where)
         )
     return results
 
 
-# --------------------------------------------------------------------------- helpers
-def _count_result(check: str, rows: str, count: int, where: str) -> Result:
-    return Result(check, rows, count, 0, "fail" if count else "pass", where)
+def _judged(check: str, rows: str, measured, tolerance, where: str, note: str = "") -> Result:
+    """A check's result: failed when it names where (its first failure), passed otherwise."""
+    return Result(check, rows, measured, tolerance, "fail" if where else "pass", where, note)
 
 
 def _span(probed: ProbeRows, row: int, segment: int) -> str:

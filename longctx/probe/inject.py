@@ -62,7 +62,6 @@ def rows_with_bug(rows: list[ProbeRows], bug: str | None) -> list[ProbeRows]:
     return [_broken_labels(r, bug) for r in rows]
 
 
-# --------------------------------------------------------------------------- the bugs
 def one_segment(batch: PackedBatch) -> PackedBatch:
     """Every row one segment: attention causal over the whole row."""
     b, row_len = batch.shape[0], batch.row_len

@@ -10,56 +10,21 @@ longctx.data.corpus.resolve_haystack); studies.ruler_report compares the arms of
 """
 
 from longctx.eval.ruler.effective_length import (
-    RULER_THRESHOLD,
-    RelativeEffectiveLength,
-    effective_lengths,
     relative_effective_length,
     ruler_effective_length,
 )
-from longctx.eval.ruler.generate import (
-    DEFAULT_DEPTHS,
-    Plan,
-    chance,
-    check_depth,
-    make_instance,
-    make_instances,
-    plan_instances,
-)
-from longctx.eval.ruler.instances import (
-    Instance,
-    RulerInputError,
-    tokens_digest,
-    write_instances,
-)
+from longctx.eval.ruler.generate import chance, make_instance, make_instances, plan_instances
+from longctx.eval.ruler.instances import RulerInputError, tokens_digest, write_instances
 from longctx.eval.ruler.metrics import string_match_all, string_match_part
-from longctx.eval.ruler.scoring import (
-    GENERATE,
-    SCORING_MODES,
-    TEACHER_FORCED,
-    answer_logits,
-    instance_batch,
-    score_instances,
-    summarize,
-)
-from longctx.eval.ruler.tables import cell_table, length_table, suite_table, wilson
+from longctx.eval.ruler.scoring import answer_logits, instance_batch, score_instances, summarize
+from longctx.eval.ruler.tables import cell_table, wilson
 
 __all__ = [
-    "DEFAULT_DEPTHS",
-    "GENERATE",
-    "RULER_THRESHOLD",
-    "SCORING_MODES",
-    "TEACHER_FORCED",
-    "Instance",
-    "Plan",
-    "RelativeEffectiveLength",
     "RulerInputError",
     "answer_logits",
     "cell_table",
     "chance",
-    "check_depth",
-    "effective_lengths",
     "instance_batch",
-    "length_table",
     "make_instance",
     "make_instances",
     "plan_instances",
@@ -68,7 +33,6 @@ __all__ = [
     "score_instances",
     "string_match_all",
     "string_match_part",
-    "suite_table",
     "summarize",
     "tokens_digest",
     "wilson",

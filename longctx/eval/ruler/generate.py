@@ -133,24 +133,37 @@ def plan_instances(
     cache_dir: str | None = None,
     digits: int = DIGITS,
     qa_data=None,
+    strict: bool = False,
 ) -> Plan:
-    """Every (task, length, depth, sample) instance in that order; a (task, length) cell the
-    length cannot hold, and a qa task without its data, are skipped and said. Refused: an
-    unknown task, bad depths or samples, and a plan where nothing is left."""
-    names, depths, qa = _check(tasks, lengths, depths, samples, qa_data)
-    source = resolve_haystack(haystack, cache_dir) if _reads(names, "haystack") else None
+    """Every (task, length, depth, sample) instance in that order, one haystack for all; a
+    (task, length) cell the length cannot hold, and a qa task without its data, are skipped and
+    said (``strict``: refused, one line). Refused: an unknown task, bad depths or samples, and
+    a plan where nothing is left."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise RulerInputError(f"samples={samples!r}; expected an int >= 1")
+    names = check_tasks(tasks, "suite")
+    depths = [check_depth(d) for d in depths]
+    if not lengths or not depths:
+        raise RulerInputError(f"lengths={list(lengths)}, depths={depths}; expected some of each")
+    qa = resolve_qa(qa_data)
+    reads_haystack = any(TASKS[n].reads == "haystack" for n in names)
+    source = resolve_haystack(haystack, cache_dir) if reads_haystack else None
     instances: list[Instance] = []
     skipped: list[dict] = []
     for name in names:
-        if TASKS[name].reads == "qa" and TASKS[name].qa_dataset not in (qa or {}):
+        if not strict and TASKS[name].reads == "qa" and TASKS[name].qa_dataset not in (qa or {}):
             skipped.append({"task": name, "length": None, "reason": NO_QA_DATA})
             continue
         for length in lengths:
             try:
-                instances += _cell(
-                    name, tokenizer, length, depths, samples, seed, source, digits, qa
-                )
+                instances += [
+                    make_instance(name, tokenizer, length, d, seed, s, source, digits, qa)
+                    for d in depths
+                    for s in range(samples)
+                ]
             except RulerInputError as err:
+                if strict:
+                    raise
                 skipped.append({"task": name, "length": length, "reason": str(err)})
     if not instances:
         raise RulerInputError(
@@ -173,38 +186,10 @@ def make_instances(
     digits: int = DIGITS,
     qa_data=None,
 ) -> list[Instance]:
-    """Every (task, length, depth, sample) instance in that order; one haystack for all. A
-    length too short for a task, or a qa task without its data, is refused (one line)."""
-    names, depths, qa = _check(tasks, lengths, depths, samples, qa_data)
-    source = resolve_haystack(haystack, cache_dir) if _reads(names, "haystack") else None
-    return [
-        instance
-        for name in names
-        for length in lengths
-        for instance in _cell(name, tokenizer, length, depths, samples, seed, source, digits, qa)
-    ]
-
-
-def _check(tasks, lengths, depths, samples, qa_data):
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise RulerInputError(f"samples={samples!r}; expected an int >= 1")
-    names = check_tasks(tasks, "suite")
-    depths = [check_depth(d) for d in depths]
-    if not lengths or not depths:
-        raise RulerInputError(f"lengths={list(lengths)}, depths={depths}; expected some of each")
-    return names, depths, resolve_qa(qa_data)
-
-
-def _reads(names: Sequence[str], what: str) -> bool:
-    return any(TASKS[n].reads == what for n in names)
-
-
-def _cell(name, tokenizer, length, depths, samples, seed, source, digits, qa) -> list[Instance]:
-    return [
-        make_instance(name, tokenizer, length, d, seed, s, source, digits, qa)
-        for d in depths
-        for s in range(samples)
-    ]
+    """:func:`plan_instances`' instances, strict: a length too short for a task, or a qa task
+    without its data, is refused (one line)."""
+    args = (tokenizer, tasks, lengths, depths, samples, seed, haystack, cache_dir, digits, qa_data)
+    return plan_instances(*args, strict=True).instances
 
 
 def chance(name: str, digits: int = DIGITS) -> float:

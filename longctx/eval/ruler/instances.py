@@ -28,15 +28,6 @@ from longctx.synthetic import TaskInputError
 # bad input to the suite (a task, length, depth, haystack or data folder): one line
 RulerInputError = TaskInputError
 
-__all__ = [
-    "Instance",
-    "RulerInputError",
-    "encode",
-    "instance_record",
-    "tokens_digest",
-    "write_instances",
-]
-
 
 @dataclasses.dataclass(frozen=True)
 class Instance:
@@ -86,11 +77,6 @@ class Instance:
         return 0 if self.reference is None else self.reference[1] - self.reference[0]
 
 
-def encode(tokenizer, text: str) -> np.ndarray:
-    return np.asarray(tokenizer.encode(text), dtype=np.int64)
-
-
-# --------------------------------------------------------------------------- inspection
 def instance_record(instance: Instance, tokenizer) -> dict:
     """One JSONL row: what the model reads, the answer, and a digest of the token ids."""
     answer = instance.tokens[-instance.answer_len :]
