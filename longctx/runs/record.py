@@ -78,12 +78,12 @@ class StoredRun:
 
     def model_config(self, **overrides):
         """The typed model config (a LlamaConfig or an HF spec); ``overrides`` replace fields."""
-        where = f"{self.checkpoint}: model"
-        return build(self.config["model"], self.targets.model, where, overrides)
+        return build(
+            self.config["model"], self.targets.model, f"{self.checkpoint}: model", overrides
+        )
 
     def data_config(self, **overrides):
-        where = f"{self.checkpoint}: data"
-        return build(self.config["data"], self.targets.data, where, overrides)
+        return build(self.config["data"], self.targets.data, f"{self.checkpoint}: data", overrides)
 
 
 def checkpoint_in(path: Path) -> Path:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -158,9 +160,6 @@ class SweepStopped(Exception):
 def in_local_sweep() -> bool:
     """A multirun whose arms run one after another in this process (Hydra's basic launcher);
     the SLURM launcher runs each arm as its own job, which a signal stops alone."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if not HydraConfig.initialized():
         return False
     hydra = HydraConfig.get()

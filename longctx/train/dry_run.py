@@ -105,6 +105,8 @@ def planner_layout(
     planner.doc_length_median states a distribution)."""
     fsdp = sharded_strategy(trainer_cfg)
     devices = trainer_cfg.get("devices", 1)
+    median, sigma = settings.doc_length_median, settings.doc_length_sigma
+    lognormal = None if median is None else (float(median), float(sigma))
     return planner.RunLayout(
         seq_len=data_config.seq_len,
         micro_batch_size=data_config.micro_batch_size,
@@ -119,15 +121,8 @@ def planner_layout(
         attn_backend=resolve_backend(model_config.attn_backend, device),
         accumulate_grad_batches=optim.accumulate_grad_batches,
         max_steps=trainer_cfg.max_steps,
-        doc_length_lognormal=doc_length_distribution(settings),
+        doc_length_lognormal=lognormal,
     )
-
-
-def doc_length_distribution(settings: planner.PlannerSettings) -> tuple[float, float] | None:
-    """planner.doc_length_median / doc_length_sigma as the planner's lognormal, if stated."""
-    if settings.doc_length_median is None:
-        return None
-    return float(settings.doc_length_median), float(settings.doc_length_sigma)
 
 
 def planner_precision(trainer_cfg: DictConfig, fsdp: bool, device: torch.device) -> str:

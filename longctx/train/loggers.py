@@ -8,6 +8,7 @@ import os
 import uuid
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -44,12 +45,7 @@ def persistent_run_id(output_dir: Path) -> str:
 
 def run_label(cfg: DictConfig) -> str:
     """A run is named by its overrides (the ablation toggles), else by its folder."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        name = HydraConfig.get().job.override_dirname
-    except ValueError:  # not under Hydra
-        name = ""
+    name = HydraConfig.get().job.override_dirname if HydraConfig.initialized() else ""
     return name or Path(cfg.paths.output_dir).name
 
 

@@ -133,8 +133,7 @@ class LongCtxModule(L.LightningModule):
         self.automatic_optimization = False
         self.model_config = model_config
         self.model = build_model(model_config)
-        self.optimizer_factory, self.scheduler_factory = optim.optimizer, optim.scheduler
-        self.weight_decay, self.grad_clip = optim.weight_decay, optim.grad_clip
+        self.optim = optim
         # a resume may choose another to keep the global batch (_keep_resumed_global_batch)
         self.accumulate_grad_batches = optim.accumulate_grad_batches
         self.compile, self.peak_flops_per_device = compile, peak_flops_per_device
@@ -144,7 +143,6 @@ class LongCtxModule(L.LightningModule):
         self.context_parallel_balance = context_parallel_balance
         self.row_cost = row_cost
         self.cp_group = None  # set in setup() once the process group exists
-        self.allow_global_batch_change = optim.allow_global_batch_change
         self.nonfinite = NonFiniteGuard(optim.skip_nonfinite)
         self.tokens_seen = 0
         self._micro_batch_rows: int | None = None  # seen in training; part of the global batch
@@ -168,7 +166,7 @@ class LongCtxModule(L.LightningModule):
         if not self._resumed:
             return
         self._resumed = False
-        configured = self.optimizer_factory(param_groups(self.model, self.weight_decay))
+        configured = self.optim.optimizer(param_groups(self.model, self.optim.weight_decay))
         optimizer = self.optimizers()
         optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper
         apply_hyperparameters(optimizer, self.lr_schedulers(), configured.param_groups)
@@ -211,15 +209,15 @@ class LongCtxModule(L.LightningModule):
         return isinstance(self.model, FSDPModule)
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(param_groups(self.model, self.weight_decay))
-        if self.scheduler_factory is None:
+        optimizer = self.optim.optimizer(param_groups(self.model, self.optim.weight_decay))
+        if self.optim.scheduler is None:
             return optimizer
         total = self.trainer.max_steps
         if total is None or total < 1:
             raise LongctxError(
                 f"trainer.max_steps must be set (>= 1) for the lr schedule, got {total}"
             )
-        scheduler = self.scheduler_factory(optimizer, total)
+        scheduler = self.optim.scheduler(optimizer, total)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
@@ -271,7 +269,7 @@ class LongCtxModule(L.LightningModule):
             micro_batch_rows,
             self.data_parallel_size,
             configured=self.accumulate_grad_batches,
-            allow_change=self.allow_global_batch_change,
+            allow_change=self.optim.allow_global_batch_change,
         )
         self._resumed_global_batch = None
         if note:
@@ -342,7 +340,7 @@ class LongCtxModule(L.LightningModule):
                 p.grad.mul_(factor)
 
     def _clip_gradients(self) -> Tensor:
-        max_norm = self.grad_clip if self.grad_clip else float("inf")
+        max_norm = self.optim.grad_clip if self.optim.grad_clip else float("inf")
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
         # FSDP2: the grads are sharded DTensors and so is the norm (reduced over ranks)

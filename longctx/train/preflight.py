@@ -92,31 +92,32 @@ def instantiate_config(group: str, node: DictConfig):
         raise ConfigError(f"{group}: {refusal}") from err
 
 
-def non_finite_options(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
-    """(dotted key, value) of every NaN or infinite float in a plain config tree (a resolved
-    one: what an interpolation such as ``${oc.decode:"inf"}`` gives is checked as typed)."""
+def config_nodes(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, node) of every node of a plain config tree, each before what it holds."""
+    yield key, node
     if isinstance(node, dict):
-        for key, value in node.items():
-            yield from non_finite_options(value, f"{prefix}{key}.")
+        for name, value in node.items():
+            yield from config_nodes(value, f"{key}.{name}" if key else str(name))
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            yield from non_finite_options(value, f"{prefix[:-1]}[{i}].")
-    elif isinstance(node, float) and not math.isfinite(node):
-        yield prefix[:-1], node
+            yield from config_nodes(value, f"{key}[{i}]")
 
 
-def mistyped_options(node: Any, prefix: str = "") -> Iterator[str]:
+def non_finite_options(tree: Any) -> Iterator[tuple[str, float]]:
+    """(dotted key, value) of every NaN or infinite float in a plain config tree (a resolved
+    one: what an interpolation such as ``${oc.decode:"inf"}`` gives is checked as typed)."""
+    for key, node in config_nodes(tree):
+        if isinstance(node, float) and not math.isfinite(node):
+            yield key, node
+
+
+def mistyped_options(tree: Any) -> Iterator[str]:
     """What is wrong with each ``_target_`` node of a plain config tree: a target that cannot be
     imported, or a number of the wrong kind for what the target takes (``1.5`` where its
     parameter is an int, ``'inf'`` where it is a float), by the target's own type hints."""
-    if isinstance(node, dict):
-        if "_target_" in node:
-            yield from target_mismatches(node, prefix)
-        for key, value in node.items():
-            yield from mistyped_options(value, f"{prefix}{key}.")
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from mistyped_options(value, f"{prefix[:-1]}[{i}].")
+    for key, node in config_nodes(tree):
+        if isinstance(node, dict) and "_target_" in node:
+            yield from target_mismatches(node, f"{key}." if key else "")
 
 
 def target_mismatches(node: dict, prefix: str) -> Iterator[str]:
