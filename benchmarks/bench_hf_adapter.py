@@ -24,7 +24,7 @@ import torch
 
 from longctx.batch import PackedBatch
 from longctx.hf.adapter import load_hf_causal_lm
-from longctx.hf.checkpoint import load_hf
+from longctx.hf.weight_source import load_hf
 
 RESULTS = Path(__file__).parent / "results"
 SHAPE = dict(

@@ -1,4 +1,5 @@
-"""Hugging Face Llama checkpoints in and out, without importing transformers.
+"""Hugging Face Llama folders, without importing transformers: the name and config mapping,
+and the writer (:func:`save_hf`); longctx.hf.weight_source reads them (``load_hf``, init_from).
 
 A local folder holds config.json and either model.safetensors or shards listed by
 model.safetensors.index.json. Both config styles are read: transformers 4.x (top-level
@@ -14,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from longctx.errors import LongctxError
 from longctx.hf.folders import CONFIG_FILE
 from longctx.model.config import LlamaConfig
 from longctx.model.rope import RopeScaling
 
-WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 # longctx parameter name -> HF name; "{i}" is the layer index
@@ -43,7 +43,6 @@ _TOP_NAMES = {
 }
 
 
-# --------------------------------------------------------------------------- names
 def to_hf_name(name: str) -> str:
     if name in _TOP_NAMES:
         return _TOP_NAMES[name]
@@ -51,7 +50,6 @@ def to_hf_name(name: str) -> str:
     return f"model.layers.{index}.{_LAYER_NAMES[rest]}"
 
 
-# --------------------------------------------------------------------------- config
 def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
     """LlamaConfig from a parsed HF config.json; ``overrides`` are LlamaConfig fields
     (:meth:`LlamaConfig.from_fields`)."""
@@ -142,50 +140,6 @@ _FLOAT_ROPE_KEYS = (
 
 def _floats(scaling: dict[str, Any]) -> dict[str, Any]:
     return {k: float(v) if k in _FLOAT_ROPE_KEYS else v for k, v in scaling.items()}
-
-
-# --------------------------------------------------------------------------- weights
-def read_hf_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a single-file or sharded safetensors checkpoint."""
-    if (path / INDEX_FILE).is_file():
-        index = json.loads((path / INDEX_FILE).read_text())
-        state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            state.update(load_file(path / shard))
-        return state
-    if (path / WEIGHTS_FILE).is_file():
-        return load_file(path / WEIGHTS_FILE)
-    raise LongctxError(f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
-
-
-def load_hf(path: str | Path, **overrides: Any):
-    """longctx's Llama from a local HF Llama folder (config.json + safetensors, maybe sharded);
-    weights are copied in the model's fp32. ``overrides`` replace config fields."""
-    from longctx.model.llama import Llama
-
-    path = Path(path)
-    if not (path / CONFIG_FILE).is_file():
-        raise LongctxError(f"{path} has no {CONFIG_FILE}; expected a Hugging Face model folder")
-    config = config_from_hf(json.loads((path / CONFIG_FILE).read_text()), **overrides)
-    with torch.device("meta"):  # no random init of weights that are about to be overwritten
-        model = Llama(config)
-    model.to_empty(device="cpu")
-    model.load_state_dict(_from_hf_names(model, read_hf_state_dict(path)))
-    return model
-
-
-def _from_hf_names(model, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    expected = {to_hf_name(name): name for name in model.state_dict()}
-    if model.config.tie_embeddings:
-        hf_state = {k: v for k, v in hf_state.items() if k != "lm_head.weight"}  # a tied copy
-    missing = sorted(set(expected) - set(hf_state))
-    unexpected = sorted(set(hf_state) - set(expected))
-    if missing or unexpected:
-        raise LongctxError(
-            f"HF checkpoint does not match the config: missing keys {missing}, "
-            f"unexpected keys {unexpected}"
-        )
-    return {expected[k]: v for k, v in hf_state.items()}
 
 
 def save_hf(

@@ -18,12 +18,13 @@ offset); a single-file ``.ckpt`` is memory-mapped and each rank copies out its s
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
+from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from longctx.distributed.sharded import (
@@ -36,8 +37,9 @@ from longctx.distributed.sharded import (
 )
 from longctx.errors import LongctxError
 from longctx.hf.checkpoint import check_supported, config_from_hf, to_hf_name
-from longctx.hf.folders import CONFIG_FILE
+from longctx.hf.folders import CONFIG_FILE, read_config_json
 from longctx.model.config import LlamaConfig
+from longctx.model.interface import check_weights
 from longctx.model.llama import Llama
 from longctx.runs.checkpoints import existing_checkpoint
 from longctx.runs.folder import is_run_folder, last_checkpoint
@@ -75,7 +77,7 @@ class WeightSource:
         """Refuse a model config whose architecture or tensor shapes differ from the source's."""
         if self.hf_config is not None:
             _check_fields(config, self.hf_config, self.path)
-        _check_shapes(_expected_shapes(config), self.shapes, self.path)
+        _check_shapes(_meta_state(config), self.shapes, self.path)
 
     def rope_change(self, config: LlamaConfig) -> str | None:
         """A line saying how this run's RoPE differs from a transformers source's, if it does."""
@@ -95,7 +97,11 @@ class WeightSource:
         self.check(model.config)
         state = model.state_dict()  # FSDP2: sharded DTensors that share the parameters' storage
         if self.kind == "transformers":
-            _dcp_load({to_hf_name(k): v for k, v in state.items()}, _hf_reader(self.path))
+            # each rank reads the slices its (sharded) tensors hold, in the model's dtype; without
+            # a process group, a plain load. The planner is the one that never unpickles.
+            hf_state = {to_hf_name(k): v for k, v in state.items()}
+            reader, single = _hf_reader(self.path), not torch.distributed.is_initialized()
+            dcp.load(hf_state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=single)
         elif self.kind == "longctx-sharded":
             nested = {"state_dict": {LONGCTX_PREFIX + k: v for k, v in state.items()}}
             load_sharded(nested, self.path)  # its index and items read as data
@@ -125,6 +131,21 @@ def resolve(path: str | Path) -> WeightSource:
     raise InitFromError(f"model.init_from={str(path)!r} is not a checkpoint; {expected}")
 
 
+def load_hf(path: str | Path, **overrides: Any) -> Llama:
+    """longctx's Llama from a local HF Llama folder (config.json + safetensors, maybe sharded),
+    read as ``model.init_from`` reads one; weights are copied in the model's fp32.
+    ``overrides`` replace config fields."""
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file():
+        raise LongctxError(f"{path} has no {CONFIG_FILE}; expected a Hugging Face model folder")
+    config = config_from_hf(read_config_json(path), **overrides)
+    with torch.device("meta"):  # no random init of weights that are about to be overwritten
+        model = Llama(config)
+    model.to_empty(device="cpu")
+    resolve(path).load_into(model)
+    return model
+
+
 def read_longctx_checkpoint(path: Path) -> dict[str, Tensor]:
     """The Llama weights (longctx names) of a single-file longctx checkpoint, memory-mapped:
     the one place a longctx .ckpt is read for init_from."""
@@ -149,11 +170,10 @@ def read_longctx_checkpoint(path: Path) -> dict[str, Tensor]:
     return _strip_prefix(state, path)
 
 
-# ------------------------------------------------------------------------ the kinds
 def _transformers_source(path: Path) -> WeightSource:
     from safetensors import safe_open
 
-    hf = json.loads((path / CONFIG_FILE).read_text())
+    hf = read_config_json(path)
     try:
         check_supported(hf)
     except LongctxError as err:
@@ -163,7 +183,7 @@ def _transformers_source(path: Path) -> WeightSource:
         raise InitFromError(
             f"model.init_from={str(path)!r} has a config.json but no *.safetensors weights"
         )
-    from_hf = {to_hf_name(k): k for k in _expected_shapes(config_from_hf(hf))}
+    from_hf = {to_hf_name(k): k for k in _meta_state(config_from_hf(hf))}
     shapes = {}
     for file in files:
         try:
@@ -224,10 +244,9 @@ def _strip_prefix(state: dict[str, Any], path: Path) -> dict[str, Any]:
     return {k.removeprefix(LONGCTX_PREFIX): v for k, v in state.items()}
 
 
-# ------------------------------------------------------------------------ checks
-def _expected_shapes(config: LlamaConfig) -> dict[str, torch.Size]:
+def _meta_state(config: LlamaConfig) -> dict[str, Tensor]:
     with torch.device("meta"):
-        return {k: v.shape for k, v in Llama(config).state_dict().items()}
+        return Llama(config).state_dict()
 
 
 def _check_fields(config: LlamaConfig, hf: dict[str, Any], path: Path) -> None:
@@ -245,41 +264,18 @@ def _check_fields(config: LlamaConfig, hf: dict[str, Any], path: Path) -> None:
         )
 
 
-def _check_shapes(expected: dict[str, torch.Size], found: dict[str, torch.Size], path) -> None:
-    missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
-    if missing or unexpected:
-        raise InitFromError(
-            f"model.init_from={str(path)!r} does not hold the model's tensors: missing "
-            f"{missing[:5]}{' ...' if len(missing) > 5 else ''}, unexpected "
-            f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
-        )
-    wrong = [
-        f"{k}: model {tuple(expected[k])} vs checkpoint {tuple(found[k])}"
-        for k in expected
-        if expected[k] != found[k]
-    ]
-    if wrong:
-        raise InitFromError(
-            f"model.init_from={str(path)!r}: tensor shapes differ from the model config's: "
-            + "; ".join(wrong[:5])
-            + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else "")
-        )
+def _check_shapes(expected: dict[str, Tensor], found: dict[str, torch.Size], path) -> None:
+    """The names and shapes, compared as the model interface compares any checkpoint's."""
+    with torch.device("meta"):
+        found_meta = {k: torch.empty(shape) for k, shape in found.items()}
+    try:
+        check_weights(expected, found_meta)
+    except LongctxError as err:
+        raise InitFromError(f"model.init_from={str(path)!r}: {err}") from None
 
 
-# ------------------------------------------------------------------------ loading
-def _hf_reader(path: Path):
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
-
+def _hf_reader(path: Path) -> HuggingFaceStorageReader:
     return HuggingFaceStorageReader(str(path))
-
-
-def _dcp_load(state: dict, reader) -> None:
-    """torch.distributed.checkpoint.load: each rank reads the slices its (sharded) tensors
-    hold; without a process group, a plain load. The dtype is the model's (copied into).
-    Safetensors hold tensors only; the planner is the one that never unpickles anyway."""
-    import torch.distributed.checkpoint as dcp
-
-    dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
 
 
 def _copy_slices(state: dict[str, Tensor], source: dict[str, Tensor]) -> None:

@@ -17,7 +17,7 @@ from module_fixtures import cat_batches, fit, small_module
 from torch import nn
 
 from longctx.distributed.fsdp import FSDP2Strategy, parse_dtype, swap_into_place, transformer_blocks
-from longctx.hf.checkpoint import load_hf
+from longctx.hf.weight_source import load_hf
 
 
 def run_script(*args: str) -> None:

@@ -14,8 +14,7 @@ import transformers
 from module_fixtures import SMALL, fit, random_batch, small_module
 
 from longctx.batch import PackedBatch
-from longctx.hf.checkpoint import load_hf
-from longctx.hf.weight_source import InitFromError, resolve
+from longctx.hf.weight_source import InitFromError, load_hf, resolve
 from longctx.model import Llama, LlamaConfig
 from longctx.train.init_from import load_init_weights
 

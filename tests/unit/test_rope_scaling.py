@@ -13,7 +13,8 @@ from helpers import assert_close_scaled
 
 from longctx.batch import PackedBatch
 from longctx.hf.adapter import HFModelSpec
-from longctx.hf.checkpoint import load_hf, save_hf
+from longctx.hf.checkpoint import save_hf
+from longctx.hf.weight_source import load_hf
 from longctx.model import LlamaConfig, RopeScaling
 from longctx.model.config import PRESETS
 
