@@ -34,13 +34,14 @@ from longctx.runs.folder import (
     checkpoint_dir,
     what_a_stop_kept,
 )
-from longctx.runs.identity import ResumeMismatch, run_identity
 from longctx.runs.record import RunRecord
 from longctx.runs.resume import (
     TRAINING_KEY,
+    ResumeMismatch,
     ResumeRefused,
     check_fresh_start,
     resume_point,
+    run_identity,
     training_settings,
 )
 from longctx.train import console

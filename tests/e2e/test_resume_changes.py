@@ -178,17 +178,17 @@ def test_a_resume_that_switches_add_bos_is_refused_by_name_unless_allowed(
 
 
 def test_every_data_setting_is_decided_for_a_resume(tmp_path):
-    """Each DataConfig field is in exactly one of identity's lists: the stream (the run's
-    identity), the row order (the data stream's fingerprint), or neither; a new field fails
-    here until it is placed."""
+    """Each DataConfig field is in exactly one of longctx.runs.resume's lists: the stream (the
+    run's identity), the row order (the data stream's fingerprint), or neither; a new field
+    fails here until it is placed."""
     import dataclasses
 
     from data_fixtures import small_corpus
 
     from longctx.data import DataConfig, LongCtxDataModule
-    from longctx.runs import identity
+    from longctx.runs.resume import ORDER_DATA_KEYS, OTHER_DATA_KEYS, STREAM_DATA_KEYS
 
-    lists = (identity.STREAM_DATA_KEYS, identity.ORDER_DATA_KEYS, identity.OTHER_DATA_KEYS)
+    lists = (STREAM_DATA_KEYS, ORDER_DATA_KEYS, OTHER_DATA_KEYS)
     placed = [key for keys in lists for key in keys]
     fields = [f.name for f in dataclasses.fields(DataConfig)]
     assert sorted(placed) == sorted(fields), set(placed) ^ set(fields)
@@ -196,4 +196,4 @@ def test_every_data_setting_is_decided_for_a_resume(tmp_path):
     config = DataConfig(shards=[str(small_corpus(tmp_path, 50))], seq_len=64, buffer_size=8,
                         chunk_documents=24)  # fmt: skip
     fingerprint = LongCtxDataModule(config, rank=0, world_size=1).state_dict()["fingerprint"]
-    assert set(identity.ORDER_DATA_KEYS) - {"num_workers"} <= set(fingerprint)
+    assert set(ORDER_DATA_KEYS) - {"num_workers"} <= set(fingerprint)

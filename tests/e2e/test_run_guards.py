@@ -18,7 +18,7 @@ from longctx.data import DataConfig
 from longctx.model import LlamaConfig
 from longctx.runs.checkpoints import UnreadableCheckpoint, resolve_ckpt_path
 from longctx.runs.folder import RunFolderBusy, RunFolderLock, config_subdir, note_before_hydra
-from longctx.runs.identity import ResumeMismatch, check_allowed_names, check_resume, run_identity
+from longctx.runs.resume import ResumeMismatch, check_allowed_names, check_resume, run_identity
 from longctx.train.app import ConfigError, run
 from longctx.train.loggers import HistoryCSVLogger
 from studies.analysis import csv_rows

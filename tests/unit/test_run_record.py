@@ -95,8 +95,8 @@ def test_a_valid_record_builds_typed_configs(tmp_path):
 
 
 def test_an_older_identity_is_lenient_only_for_the_keys_added_since(capsys):
-    from longctx.runs.identity import LATER_IDENTITY_KEYS, ResumeMismatch, check_resume
     from longctx.runs.record import CHECKPOINT_KEY
+    from longctx.runs.resume import LATER_IDENTITY_KEYS, ResumeMismatch, check_resume
 
     current = {"model.dim": 64, "data.seq_len": 128} | {k: None for k in LATER_IDENTITY_KEYS}
     older = {CHECKPOINT_KEY: {"identity": {"model.dim": 64, "data.seq_len": 128}}}
