@@ -105,8 +105,12 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> ResumePoint | 
         if found is None:
             raise FileNotFoundError(f"ckpt_path={ckpt_path}: no checkpoint at {ckpt_path}")
         return ResumePoint(str(found), read_checkpoint(found), f"resuming from {found}")
-    last = last_checkpoint(output_dir)
-    candidates = _newest_first(checkpoint_dir(output_dir), existing_checkpoint(last))
+    last, folder = last_checkpoint(output_dir), checkpoint_dir(output_dir)
+    found = existing_checkpoint(last)
+    # last.ckpt first, then every other checkpoint in the folder, newest first
+    others = [p for p in folder.glob("*.ckpt") if p != found] if folder.is_dir() else []
+    others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    candidates = ([found] if found is not None else []) + others
     if not candidates:
         raise FileNotFoundError(f"ckpt_path=last: no checkpoint at {last}")
     problems = []
@@ -121,13 +125,6 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> ResumePoint | 
             note = f"{'; '.join(problems)}; falling back to the previous good checkpoint: {note}"
         return ResumePoint(str(candidate), contents, note)
     raise UnreadableCheckpoint(f"ckpt_path=last: no readable checkpoint: {'; '.join(problems)}")
-
-
-def _newest_first(folder: Path, last: Path | None) -> list[Path]:
-    """last.ckpt first, then every other checkpoint in the folder, newest first."""
-    others = [p for p in folder.glob("*.ckpt") if p != last] if folder.is_dir() else []
-    others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-    return ([last] if last is not None else []) + others
 
 
 def remove_stale_temp_files(checkpoint_dir: Path) -> list[Path]:

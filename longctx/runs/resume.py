@@ -84,7 +84,11 @@ LATER_IDENTITY_KEYS = ("data.tokenizer", "data.add_bos", "data.loss_tokens")
 RUNTIME_MODEL_KEYS = ("attn_backend", "activation_checkpointing", "loss_chunk_size", "init_from")
 
 
-class ResumeMismatch(LongctxError):
+class ResumeRefused(LongctxError):
+    """This start cannot resume, or cannot start fresh, in this run folder."""
+
+
+class ResumeMismatch(ResumeRefused):
     """A resume that would change the run's identity without being allowed to."""
 
 
@@ -163,10 +167,6 @@ FIXED_ON_RESUME = (
 NOT_COMPARED = ("optim.accumulate_grad_batches", "optim.allow_global_batch_change")
 
 
-class ResumeRefused(LongctxError):
-    """This start cannot resume, or cannot start fresh, in this run folder."""
-
-
 def training_settings(optim: dict, max_steps: int | None) -> dict:
     """Flat ``{"optim.optimizer.lr": 3e-3, ..., "trainer.max_steps": 100}`` from the resolved
     ``optim`` group: what a resume compares with its checkpoint's (Hydra's ``_partial_`` left
@@ -191,8 +191,8 @@ def resume_point(
     training: dict,
 ) -> ResumePoint | None:
     """The checkpoint this start resumes from (checked, see the module docstring), or None for
-    a fresh start. ``training``: this start's :func:`training_settings`. Raises ResumeRefused,
-    or ResumeMismatch for a change of the run or an unknown name in ``allowed_changes``."""
+    a fresh start. ``training``: this start's :func:`training_settings`. Raises
+    ResumeRefused (ResumeMismatch: a change of the run, or an unknown name in allowed_changes)."""
     check_allowed_names(allowed_changes, set(identity) | set(training))
     try:
         resume = resolve_ckpt_path(ckpt_path, output_dir)
@@ -238,10 +238,9 @@ def check_training_changes(resume: ResumePoint, training: dict, allowed: list[st
         print(f"resuming with a change {how}: {key}: {old!r} -> {new!r}", flush=True)
 
 
-def check_fresh_start(output_dir: Path, overwrite: bool, start: RunStart | None) -> None:
+def check_fresh_start(output_dir: Path, overwrite: bool, start: RunStart) -> None:
     """Refuse a fresh start among another run's checkpoints; with ``overwrite`` remove that run
-    (see the module docstring). ``start``: this start's view of the folder (None: a rank that
-    does not write it)."""
+    (see the module docstring). ``start``: this start's view of the folder."""
     found = existing_checkpoints(checkpoint_dir(output_dir))
     if found and not overwrite:
         raise ResumeRefused(
@@ -249,7 +248,7 @@ def check_fresh_start(output_dir: Path, overwrite: bool, start: RunStart | None)
             "with ckpt_path=last, pick another run_name, or start it over with overwrite=true "
             "(the previous run's files are deleted)"
         )
-    if overwrite and start is not None:
+    if overwrite:
         removed = start.start_over()
         if removed:
             print(f"overwrite=true: deleted the previous run's {', '.join(removed)} from "

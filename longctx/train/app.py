@@ -37,7 +37,6 @@ from longctx.runs.folder import (
 from longctx.runs.record import RunRecord
 from longctx.runs.resume import (
     TRAINING_KEY,
-    ResumeMismatch,
     ResumeRefused,
     check_fresh_start,
     resume_point,
@@ -133,7 +132,8 @@ def train(cfg: DictConfig, output_dir: Path, start: RunStart | None) -> dict:
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     finish_preemption(trainer, output_dir)
     metrics = final_metrics(trainer, datamodule)
-    console.print_run_summary(trainer, output_dir)
+    if trainer.is_global_zero:
+        print(console.run_summary(trainer, output_dir), flush=True)
     return metrics
 
 
@@ -147,7 +147,7 @@ def start_point(
         resume = resume_point(cfg.ckpt_path, output_dir, identity, allowed, training_config(cfg))
         if start is not None and resume is None:
             check_fresh_start(output_dir, bool(cfg.get("overwrite", False)), start)
-    except (ResumeRefused, ResumeMismatch) as err:
+    except ResumeRefused as err:
         raise ConfigError(str(err)) from err
     if start is not None:
         start.claim()

@@ -152,8 +152,3 @@ def _curves(trainer: L.Trainer, output_dir: Path) -> list[str]:
         elif isinstance(logger, CSVLogger):
             lines.append(f"{Path(logger.log_dir) / 'metrics.csv'}  (CSV, one row per step)")
     return lines or ["none logged (logger=none)"]
-
-
-def print_run_summary(trainer: L.Trainer, output_dir: Path) -> None:
-    if trainer.is_global_zero:
-        print(run_summary(trainer, output_dir), flush=True)
