@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 from longctx.cli import command
+from longctx.data import LongCtxDataModule
+from longctx.distributed.sharded import read_sharded_tensors
 from longctx.errors import LongctxError
 from longctx.eval.files import (
     EVAL_DIR,
@@ -45,10 +47,13 @@ from longctx.eval.passkey import accuracy_table, make_probes, score_probes
 from longctx.eval.position_loss import PositionLoss
 from longctx.eval.ruler.callback import default_ruler_lengths
 from longctx.eval.ruler.generate import DEFAULT_DEPTHS
+from longctx.eval.ruler.hf import load_hf_folder
 from longctx.eval.ruler.instances import RulerInputError
 from longctx.eval.ruler.scoring import GENERATE, SCORING_MODES
 from longctx.eval.ruler.suite import SuiteSettings, run_suite
 from longctx.hf.config_targets import CONFIG_TARGETS
+from longctx.hf.weight_source import check_finite_weights
+from longctx.model.attention import resolve_backend
 from longctx.runs.folder import run_folder_of
 from longctx.runs.record import read_stored_run
 
@@ -84,8 +89,6 @@ def checkpoint_weights(stored) -> dict[str, torch.Tensor]:
     """The trained model's weights: memory-mapped from a .ckpt file, or read (as data) from
     a sharded checkpoint folder."""
     if stored.checkpoint.is_dir():
-        from longctx.distributed.sharded import read_sharded_tensors
-
         return model_state_dict(read_sharded_tensors(stored.checkpoint, "state_dict."),
                                 stored.checkpoint)  # fmt: skip
     return model_state_dict(stored.contents, stored.checkpoint)
@@ -95,8 +98,6 @@ def load_model(stored, model_config, device: str):
     """The run's model (longctx's Llama or a model=hf one) built from its record's config,
     holding the checkpoint's weights; a record that does not fit them is refused first, and
     weights with a NaN or inf after."""
-    from longctx.hf.weight_source import check_finite_weights
-
     try:
         model = model_config.build_from(checkpoint_weights(stored))
     except LongctxError as err:
@@ -227,8 +228,6 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from longctx.data import LongCtxDataModule
-
     if args.hf is not None:
         return run_hf(args)
     stored = read_stored_run(args.checkpoint, CONFIG_TARGETS)  # names a missing, unreadable file
@@ -236,8 +235,8 @@ def run(args: argparse.Namespace) -> dict:
     check_backend(model_config.attn_backend, args.device)
     out = args.out or _default_out(args.checkpoint.resolve(), args.suite)
     check_out(out)
+    check_factor(args.long_factor)
     if args.suite == "ruler":
-        check_factor(args.long_factor)
         lengths = args.lengths or default_ruler_lengths(data_config.seq_len, args.long_factor)
         settings = suite_settings(args, lengths)
         # the relative effective length is anchored at the training length, when evaluated
@@ -287,8 +286,6 @@ def run(args: argparse.Namespace) -> dict:
 def check_backend(name: str, device: str) -> None:
     """The attention backend (--backend, or the run's) runs on --device: one line before
     anything is loaded, not a RuntimeError at the first forward."""
-    from longctx.model.attention import resolve_backend
-
     try:
         torch.device(device)
     except RuntimeError as err:
@@ -327,7 +324,6 @@ def _default_out(checkpoint: Path, suite: str) -> Path:
 
 def check_lengths(args: argparse.Namespace, max_seq_len: int, seq_len: int) -> None:
     """Every evaluation length within model.max_seq_len, before anything is loaded."""
-    check_factor(args.long_factor)
     lengths = [(seq_len, "--seq-len / data.seq_len")]
     lengths.append((args.long_factor * seq_len, f"--long-factor {args.long_factor} x seq_len"))
     lengths += [(n, "--probe-lengths") for n in args.probe_lengths or [] if not args.no_probe]
@@ -342,13 +338,8 @@ def suite_settings(args: argparse.Namespace, lengths: Sequence[int]) -> SuiteSet
     )  # fmt: skip
 
 
-HF_DEFAULT_LENGTHS = (1024, 2048, 4096)
-
-
 def run_hf(args: argparse.Namespace) -> dict:
     """The suite on a local transformers folder, its own tokenizer, plain transformers."""
-    from longctx.eval.ruler.hf import load_hf_folder
-
     if args.suite != "ruler":
         raise RulerInputError(
             f"--hf scores the effective-length suite only (--suite {args.suite}); pass "
@@ -359,13 +350,13 @@ def run_hf(args: argparse.Namespace) -> dict:
             f"--backend {args.backend} chooses longctx's attention for a CHECKPOINT; --hf scores "
             "with transformers' own attention: drop --backend"
         )
-    settings = suite_settings(args, args.lengths or HF_DEFAULT_LENGTHS)
+    settings = suite_settings(args, args.lengths or SuiteSettings.lengths)
     settings.check(None, "--lengths")
     out = args.out or Path("outputs") / "eval" / args.hf.resolve().name
     check_out(out)
     model, tokenizer, max_positions = load_hf_folder(args.hf, args.device)
     if args.lengths is None and max_positions is not None:
-        settings.lengths = [n for n in HF_DEFAULT_LENGTHS if n <= max_positions]
+        settings.lengths = [n for n in SuiteSettings.lengths if n <= max_positions]
     settings.check_lengths(max_positions, "--lengths, the --hf model's max_position_embeddings")
     return run_suite(model, tokenizer, settings, out, args.device, args.cache_dir)
 

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from longctx.data.corpus import EMBEDDED, long_documents_dir
+from longctx.data.shards import ShardSet
+from longctx.data.synthesize import holds_only_training_haystacks
 from longctx.errors import LongctxError
 from longctx.eval.documents import document_batches, document_records, score_documents
 
@@ -62,9 +65,6 @@ def probe_lengths(seq_len: int, factor: int) -> list[int]:
 
 def load_long_documents(data_config) -> list[np.ndarray]:
     """The long held-out documents of a run's data config (every document of the folder)."""
-    from longctx.data.corpus import long_documents_dir
-    from longctx.data.shards import ShardSet
-
     folder = data_config.long_documents
     if folder is None:
         if not held_out_books_unseen(data_config):
@@ -84,9 +84,6 @@ def load_long_documents(data_config) -> list[np.ndarray]:
 def held_out_books_unseen(data_config) -> bool:
     """No training row holds the embedded corpus's held-out books: the sources are the embedded
     corpus and folders synthesized from its training chapters (or noise) only."""
-    from longctx.data.corpus import EMBEDDED
-    from longctx.data.synthesize import holds_only_training_haystacks
-
     return data_config.shards is None or all(
         f == EMBEDDED or holds_only_training_haystacks(f) for f in data_config.shards
     )

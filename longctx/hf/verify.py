@@ -38,15 +38,46 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from string import Template
 
 import numpy as np
 import torch
 
+from longctx.batch import PackedBatch
 from longctx.cli import USER_ERRORS, command, interactive
+from longctx.data.run_tokenizer import data_folders, run_tokenizer
+from longctx.data.shards import ShardSet
+from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import LongctxError
+from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.hf.folders import LOCAL_ONLY, check_no_remote_code
+from longctx.hf.run_model import llama_config, read_export_record, read_model
+from longctx.runs.record import read_stored_run
 
 TASK_NAME = "longctx_heldout"
+TASK_YAML = Template("""\
+task: $task
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: $data
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list:
+  - metric: word_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
+  - metric: byte_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
+  - metric: bits_per_byte
+    aggregation: bits_per_byte
+    higher_is_better: false
+metadata:
+  version: 1.0
+""")
 
 
 class VerifyFailed(ValueError):
@@ -66,10 +97,6 @@ class HeldOut:
 def heldout_documents(data_config, count: int, max_tokens: int) -> HeldOut:
     """The first ``count`` documents of the val split of the run's first prepared folder (the
     embedded corpus when it has none), each cut to ``max_tokens`` and decoded to text."""
-    from longctx.data.run_tokenizer import data_folders, run_tokenizer
-    from longctx.data.shards import ShardSet
-    from longctx.data.tokenizer import load_tokenizer
-
     folder = data_folders(data_config)[0]
     val = ShardSet(folder, "val")
     if val.num_documents == 0:
@@ -86,16 +113,19 @@ def heldout_documents(data_config, count: int, max_tokens: int) -> HeldOut:
     return HeldOut(texts, ids, int(val.manifest.eos_id))
 
 
+def document_batch(ids: np.ndarray) -> PackedBatch:
+    """One document alone in a row of its length, positions from 0."""
+    tokens = torch.from_numpy(ids).unsqueeze(0)
+    return PackedBatch.from_lengths(tokens, [[len(ids)]], reset_position_ids=True)
+
+
 @torch.no_grad()
 def logit_difference(ours, theirs, documents: list[np.ndarray]) -> tuple[float, float]:
     """(max |ours - theirs|, max |theirs|) over the documents' logits, each document alone."""
-    from longctx.batch import PackedBatch
-
     diff = scale = 0.0
     for ids in documents:
-        tokens = torch.from_numpy(ids).unsqueeze(0)
-        batch = PackedBatch.from_lengths(tokens, [[tokens.shape[1]]], reset_position_ids=True)
-        expected = theirs(input_ids=tokens, position_ids=batch.position_ids).logits
+        batch = document_batch(ids)
+        expected = theirs(input_ids=batch.tokens, position_ids=batch.position_ids).logits
         diff = max(diff, float((ours(batch) - expected).abs().max()))
         scale = max(scale, float(expected.abs().max()))
     return diff, scale
@@ -104,11 +134,7 @@ def logit_difference(ours, theirs, documents: list[np.ndarray]) -> tuple[float, 
 @torch.no_grad()
 def nll_sum(model, inputs: np.ndarray, targets: np.ndarray) -> float:
     """Summed NLL (nats) of ``targets`` [T] after ``inputs`` [T], one document from position 0."""
-    from longctx.batch import PackedBatch
-
-    tokens = torch.from_numpy(inputs).unsqueeze(0)
-    batch = PackedBatch.from_lengths(tokens, [[len(inputs)]], reset_position_ids=True)
-    logits = model(batch)[0].double()
+    logits = model(document_batch(inputs))[0].double()
     target = torch.from_numpy(targets)
     return float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
 
@@ -132,36 +158,9 @@ def write_lm_eval_task(texts: list[str]) -> Path:
     task_dir = Path(tempfile.mkdtemp(prefix="longctx-verify-lm-eval-"))
     data = task_dir / "heldout.jsonl"
     data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
-    yaml = "\n".join(
-        [
-            f"task: {TASK_NAME}",
-            "dataset_path: json",
-            "dataset_kwargs:",
-            "  data_files:",
-            f"    test: {json.dumps(str(data))}",
-            "test_split: test",
-            "output_type: loglikelihood_rolling",
-            'doc_to_text: ""',
-            'doc_to_target: "{{text}}"',
-            "metric_list:",
-            *_metric("word_perplexity", "weighted_perplexity"),
-            *_metric("byte_perplexity", "weighted_perplexity"),
-            *_metric("bits_per_byte", "bits_per_byte"),
-            "metadata:",
-            "  version: 1.0",
-            "",
-        ]
-    )
+    yaml = TASK_YAML.substitute(task=TASK_NAME, data=json.dumps(str(data)))
     (task_dir / f"{TASK_NAME}.yaml").write_text(yaml)
     return task_dir
-
-
-def _metric(name: str, aggregation: str) -> list[str]:
-    return [
-        f"  - metric: {name}",
-        f"    aggregation: {aggregation}",
-        "    higher_is_better: false",
-    ]
 
 
 def lm_eval_command(folder: Path, task_dir: Path) -> str:
@@ -210,10 +209,6 @@ class Verified:
 def verify(folder: str | Path, documents: int = 10, tolerance: float = 1e-4) -> Verified:
     """Check the export at ``folder``; see the module docstring. Prints what it measured."""
     import transformers
-
-    from longctx.hf.config_targets import CONFIG_TARGETS
-    from longctx.hf.run_model import llama_config, read_export_record, read_model
-    from longctx.runs.record import read_stored_run
 
     folder = Path(folder)
     record = read_export_record(folder)

@@ -106,11 +106,6 @@ def relative_effective_length(
     )
 
 
-def ruler_task_names(results: Sequence[dict]) -> list[str]:
-    """The RULER tasks among the results (their mean is RULER's suite score)."""
-    return [t for t in RULER_TASKS if any(r["task"] == t for r in results)]
-
-
 def suite_scores(results: Sequence[dict], tasks: Sequence[str]) -> dict[int, float]:
     """{length: the mean over ``tasks`` of each task's mean score}."""
     rows = [r for r in results if r["task"] in set(tasks)]
@@ -147,7 +142,7 @@ def effective_lengths(results: Sequence[dict], anchor: int | None = None) -> dic
     """RULER's effective length over the RULER tasks scored (with the tasks named, and said
     when some are missing) and, given the training length ``anchor``, the relative one over
     every task scored, each with its bootstrap interval."""
-    ruler_tasks = ruler_task_names(results)
+    ruler_tasks = [t for t in RULER_TASKS if any(r["task"] == t for r in results)]
     out: dict = {"ruler": None, "relative": None}
     if ruler_tasks:
         scores = suite_scores(results, ruler_tasks)

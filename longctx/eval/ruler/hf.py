@@ -16,7 +16,12 @@ import torch
 from torch import Tensor, nn
 
 from longctx.batch import PackedBatch
+from longctx.data.tokenizer import HFTokenizer
+from longctx.dtypes import dtype_named
 from longctx.eval.ruler.instances import RulerInputError
+from longctx.hf.adapter import greedy_continuations, logit_scale
+from longctx.hf.folders import CONFIG_FILE, LOCAL_ONLY, check_no_remote_code, read_config_json
+from longctx.hf.weight_source import check_finite_weights
 from longctx.model.interface import PackedCausalLM
 
 
@@ -36,8 +41,6 @@ class HFScorer(PackedCausalLM):
 
     @property
     def output_weight(self) -> Tensor:
-        from longctx.hf.adapter import logit_scale
-
         weight = self.hf_model.get_output_embeddings().weight
         scale = logit_scale(self.hf_model.config)
         return weight if scale == 1.0 else weight * scale
@@ -53,8 +56,6 @@ class HFScorer(PackedCausalLM):
     def generate_from_batch(self, batch: PackedBatch, max_new_tokens: int) -> list[list[int]]:
         """transformers' own greedy ``generate`` (no sampling, one beam) of ``max_new_tokens``
         after each row's prompt, stopping at the model's EOS as transformers does; the new ids."""
-        from longctx.hf.adapter import greedy_continuations
-
         _check_one_document(batch)
         return greedy_continuations(self.hf_model, batch.tokens, max_new_tokens)
 
@@ -71,10 +72,6 @@ def load_hf_folder(folder: str | Path, device: str = "cpu", dtype: str = "float3
     finite) is one line naming it."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    from longctx.data.tokenizer import HFTokenizer
-    from longctx.hf.folders import CONFIG_FILE, LOCAL_ONLY, check_no_remote_code, read_config_json
-    from longctx.hf.weight_source import check_finite_weights
 
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file():
@@ -122,9 +119,6 @@ def read_weights(folder: Path, dtype: str):
     weight missing or of another shape (which transformers fills with random values), refused."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
-
-    from longctx.dtypes import dtype_named
-    from longctx.hf.folders import LOCAL_ONLY
 
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
