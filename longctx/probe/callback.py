@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import lightning as L
-import torch
 
 from longctx.model.attention import resolve_backend
 from longctx.probe import inject
@@ -96,10 +95,5 @@ def layout(trainer: L.Trainer, pl_module, datamodule) -> dict:
         "context_parallel_rounds": pl_module.context_parallel_rounds,
         "reset_position_ids": datamodule.config.reset_position_ids,
         "training_mode": pl_module.training,
-        "torch": torch.__version__,
-        **(
-            {"transformers": sys.modules["transformers"].__version__}
-            if "transformers" in sys.modules
-            else {}
-        ),
+        **{m: sys.modules[m].__version__ for m in ("torch", "transformers") if m in sys.modules},
     }

@@ -40,12 +40,8 @@ CONTROL_MARGIN = 10.0  # the positive control must move this many times the isol
 # precision (a masked backend computes other documents bitwise alike: a leak moves them by whole
 # units). Equivalence: a segment alone runs other matrix shapes, so its sums round in another
 # order: fp32 within the project's 1e-5, half precision within 4 units.
-ISOLATION_FLOOR = {
-    torch.float64: torch.finfo(torch.float64).eps,
-    torch.float32: torch.finfo(torch.float32).eps,
-    torch.bfloat16: torch.finfo(torch.bfloat16).eps,
-    torch.float16: torch.finfo(torch.float16).eps,
-}
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+ISOLATION_FLOOR = {dtype: torch.finfo(dtype).eps for dtype in FLOAT_DTYPES}
 EQUIVALENCE_FLOOR = {
     torch.float64: 1e-12,
     torch.float32: 1e-5,
