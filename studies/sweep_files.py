@@ -17,7 +17,7 @@ import pandas as pd
 from longctx.errors import LongctxError
 from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.folder import CHECKPOINTS, is_run_folder
-from longctx.runs.record import read_record_file, read_stored_run
+from longctx.runs.record import RecordError, RecordTargets, read_stored_run, validated_config
 
 RECORD_FILE = "run_record.json"  # an archived run's record, in place of its checkpoints
 CSV_LOG = Path("csv") / "metrics.csv"  # every run's metrics (gzipped in an archive)
@@ -54,6 +54,18 @@ def require_runs(root: str | Path) -> list[Path]:
             f"writes them, or archived runs ({RECORD_FILE})"
         )
     return runs
+
+
+def read_record_file(path: str | Path, targets: RecordTargets) -> dict:
+    """The validated record a run's archive keeps in place of its checkpoints (a JSON file of
+    ``{"identity", "config"}``, studies.archive): the same checks as a checkpoint's."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise RecordError(f"{path} is not a readable run record ({err}); expected JSON") from err
+    validated_config(record, path, None, "the record studies.archive writes", targets)
+    return record
 
 
 def run_settings(run_dir: Path) -> dict:

@@ -110,7 +110,7 @@ def compose(overrides: list[str]) -> DictConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from longctx.train.process import teardown
+    from longctx.train.app import teardown
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:

@@ -118,18 +118,6 @@ def read_stored_run(path: str | Path, targets: RecordTargets) -> StoredRun:
     return StoredRun(checkpoint, contents, config, record.get("identity") or {}, targets)
 
 
-def read_record_file(path: str | Path, targets: RecordTargets) -> dict:
-    """The validated record a run's archive keeps in place of its checkpoints (a JSON file of
-    ``{"identity", "config"}``, studies.archive): the same checks as a checkpoint's."""
-    path = Path(path)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise RecordError(f"{path} is not a readable run record ({err}); expected JSON") from err
-    validated_config(record, path, None, "the record studies.archive writes", targets)
-    return record
-
-
 def validated_config(
     record: Any, source: Path, key: str | None, expected: str, targets: RecordTargets
 ) -> dict:

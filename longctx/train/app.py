@@ -4,20 +4,24 @@
 allocated, prepared or written), typed objects are instantiated from it, and Lightning fits them.
 
 Only the app reads a DictConfig; the library below it takes typed configs (DataConfig, the model
-spec, ParallelConfig, OptimConfig, PlannerSettings). The app is this module and the modules it
-delegates to (longctx.train.preflight, dry_run, loggers, resolvers, and
-longctx.probe.cli through this module's builders), each reading what no typed config holds.
+spec, ParallelConfig, OptimConfig, PlannerSettings). The app is this module (with the writing
+rank and a clean exit) and the modules it delegates to (longctx.train.preflight, dry_run,
+loggers, resolvers, and longctx.probe.cli through this module's builders), each reading what no
+typed config holds.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from pathlib import Path
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.cli import USER_ERRORS, exit_on_user_error
@@ -57,7 +61,6 @@ from longctx.train.preflight import (
     instantiate_config,
     preflight,
 )
-from longctx.train.process import teardown, writes_run_folder
 
 
 def main(cfg: DictConfig) -> float | None:
@@ -97,6 +100,30 @@ def run(cfg: DictConfig) -> dict:
     finally:
         if lock is not None:
             lock.release()
+
+
+def writes_run_folder() -> bool:
+    """Global rank 0 (from the launcher's environment; 0 when not launched as a rank)."""
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+def teardown() -> None:
+    """Stop data-loader workers, finish the W&B run and destroy the process group (without it
+    rank 1 aborts at exit)."""
+    # workers still alive (a run stopped mid-epoch leaves its iterator's) ignore SIGTERM
+    # (longctx.data.datamodule._worker_init), and multiprocessing's exit handler would SIGTERM
+    # them and then wait for them forever
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(timeout=30)
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def train(cfg: DictConfig, output_dir: Path, start: RunStart | None) -> dict:

@@ -92,7 +92,8 @@ def test_a_damaged_gzip_metrics_log_is_named(tmp_path):
 
 def test_a_run_record_nested_too_deep_is_one_line(tmp_path):
     from longctx.hf.config_targets import CONFIG_TARGETS
-    from longctx.runs.record import RecordError, read_record_file
+    from longctx.runs.record import RecordError
+    from studies.sweep_files import read_record_file
 
     (tmp_path / "run_record.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
     with pytest.raises(RecordError, match="is not a readable run record") as err:
