@@ -45,6 +45,18 @@ def build_model(spec: ModelSpec) -> nn.Module:
     return model
 
 
+def load_init_weights(model: nn.Module, device: torch.device | str) -> None:
+    """``model.init_from``, a new stage: a model built on the meta device (maybe FSDP2-sharded)
+    materialised on ``device`` and filled from ``model.config.init_from`` (what a source may be,
+    and how it is checked and read: longctx.hf.weight_source, imported here as it loads
+    transformers)."""
+    from longctx.hf.weight_source import check_finite_weights, resolve
+
+    model.to_empty(device=device)
+    resolve(model.config.init_from).load_into(model)
+    check_finite_weights(model, f"model.init_from={model.config.init_from!r}")
+
+
 def warmup_cosine_schedule(
     optimizer: torch.optim.Optimizer,
     total_steps: int,
@@ -199,8 +211,6 @@ class LongCtxModule(L.LightningModule):
             shard = getattr(self.trainer.strategy, "shard", None)
             shard(self.model) if shard else apply_fsdp(self.model, self._device_mesh)
         if any(p.is_meta for p in self.model.parameters()):  # model.init_from, not yet read
-            from longctx.train.init_from import load_init_weights
-
             load_init_weights(self.model, self.trainer.strategy.root_device)
 
     def _is_sharded(self) -> bool:

@@ -16,7 +16,7 @@ from module_fixtures import SMALL, fit, random_batch, small_module
 from longctx.batch import PackedBatch
 from longctx.hf.weight_source import InitFromError, load_hf, resolve
 from longctx.model import Llama, LlamaConfig
-from longctx.train.init_from import load_init_weights
+from longctx.train.module import load_init_weights
 
 # a transformers Llama with the shapes of module_fixtures.SMALL (the tiny preset's other fields)
 HF_SMALL = dict(

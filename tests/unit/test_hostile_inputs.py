@@ -22,7 +22,7 @@ from longctx.data.config import Stage
 from longctx.hf.weight_source import InitFromError, resolve
 from longctx.model import Llama, LlamaConfig
 from longctx.train.app import main, run
-from longctx.train.init_from import load_init_weights
+from longctx.train.module import load_init_weights
 from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStep
 from longctx.train.preflight import (
     ConfigError,
