@@ -14,7 +14,7 @@ from longctx.distributed.sharded import UnreadableShardedCheckpoint, read_dcp_me
 from longctx.distributed.slurm import PREEMPTED_MARKER, restart_count
 from longctx.errors import LongctxError
 from longctx.io import atomic_file
-from longctx.runs.folder import checkpoint_dir, last_checkpoint
+from longctx.runs.folder import checkpoint_dir, existing_checkpoints, last_checkpoint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -108,7 +108,7 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> ResumePoint | 
     last, folder = last_checkpoint(output_dir), checkpoint_dir(output_dir)
     found = existing_checkpoint(last)
     # last.ckpt first, then every other checkpoint in the folder, newest first
-    others = [p for p in folder.glob("*.ckpt") if p != found] if folder.is_dir() else []
+    others = [folder / name for name in existing_checkpoints(folder) if folder / name != found]
     others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
     candidates = ([found] if found is not None else []) + others
     if not candidates:

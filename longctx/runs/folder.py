@@ -189,18 +189,13 @@ def sweep_subdir(override_dirname: str, sweep_dir: str | None = None) -> str:
     past a file name's limit (a few long values, a list of tasks), their first bytes and a hash
     of the whole, so the job still starts and two jobs never share a folder. With ``sweep_dir``,
     the job folder's state is noted (Hydra asks before it makes the folder)."""
-    subdir = _short_name(override_dirname)
+    subdir, encoded = override_dirname, override_dirname.encode()
+    if len(encoded) > NAME_MAX:
+        digest = hashlib.sha256(encoded).hexdigest()[:16]
+        subdir = encoded[: NAME_MAX - len(digest) - 3].decode(errors="ignore") + f"...{digest}"
     if sweep_dir is not None:
         note_before_hydra(Path(sweep_dir) / subdir)
     return subdir
-
-
-def _short_name(name: str) -> str:
-    encoded = name.encode()
-    if len(encoded) <= NAME_MAX:
-        return name
-    digest = hashlib.sha256(encoded).hexdigest()[:16]
-    return encoded[: NAME_MAX - len(digest) - 3].decode(errors="ignore") + f"...{digest}"
 
 
 def existing_checkpoints(checkpoint_dir: Path) -> list[str]:
