@@ -126,16 +126,13 @@ def callbacks(trainer_cfg) -> list[L.Callback]:
 
 def run_summary(trainer: L.Trainer, output_dir: Path) -> str:
     """Where the run is: its folder, its last checkpoint, and how to look at its curves."""
-    lines = [f"checkpoint: {_checkpoint_line(trainer, last_checkpoint_path(trainer))}"]
+    path = last_checkpoint_path(trainer)
+    saved = f"{path} (step {trainer.global_step}; resume with ckpt_path=last)"
+    unsaved = "none written (callbacks.checkpoint.every_n_train_steps is above the steps run)"
+    lines = [f"checkpoint: {saved if path.exists() else unsaved}"]
     lines += [f"curves: {line}" for line in _curves(trainer, output_dir)]
     lines.append(f"run folder: {output_dir}")
     return "\n".join(lines)
-
-
-def _checkpoint_line(trainer: L.Trainer, path: Path) -> str:
-    if path.exists():
-        return f"{path} (step {trainer.global_step}; resume with ckpt_path=last)"
-    return "none written (callbacks.checkpoint.every_n_train_steps is above the steps run)"
 
 
 def _curves(trainer: L.Trainer, output_dir: Path) -> list[str]:

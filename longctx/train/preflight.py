@@ -155,16 +155,20 @@ def number_expected(value: Any, hint: Any) -> str | None:
     """What ``value`` should have been where a parameter hinted ``hint`` takes numbers only (an
     int, a float or a bool, optionally None; a list of them): None when it is that, or when the
     hint takes more (a str, a class: the target's own checks apply)."""
-    arms = set(typing.get_args(hint)) if _is_union(hint) else {hint}
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    arms = set(typing.get_args(hint)) if union else {hint}
     if value is None and type(None) in arms:
         return None
     arms -= {type(None), torch.Tensor}  # a config holds no tensor (torch's optimizers take one)
-    if arms == {bool}:  # 1 == True: a count where a switch belongs passes ``in (True, False)``
-        return None if isinstance(value, bool) else "true or false"
+    # 1 == True: a count where a switch belongs passes ``in (True, False)``, and a switch
+    # where a count belongs passes isinstance(value, int)
+    switch = isinstance(value, bool)
+    if arms == {bool}:
+        return None if switch else "true or false"
     if arms == {int}:
-        return None if _is_int(value) else "an int"
+        return None if isinstance(value, int) and not switch else "an int"
     if arms and arms <= {int, float}:
-        return None if _is_number(value) else "a number"
+        return None if isinstance(value, int | float) and not switch else "a number"
     if len(arms) == 1 and isinstance(value, list):
         (arm,) = arms
         if typing.get_origin(arm) in (list, tuple, Sequence) and typing.get_args(arm):
@@ -172,18 +176,6 @@ def number_expected(value: Any, hint: Any) -> str | None:
             wrong = next((e for v in value if (e := number_expected(v, item))), None)
             return wrong and f"a list whose every entry is {wrong}"
     return None
-
-
-def _is_union(hint: Any) -> bool:
-    return typing.get_origin(hint) in (typing.Union, types.UnionType)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def resolved(cfg: DictConfig) -> dict:
