@@ -310,14 +310,18 @@ class LongCtxModule(L.LightningModule):
         their share (loss and targets of their tokens, 1/N of tokens and FLOPs), so the logged
         numbers are the rows' own, counted once."""
         self._micro += 1
-        origin = batch.origin if isinstance(batch, StreamBatch) else None  # knows its stage
+        stream = isinstance(batch, StreamBatch)  # the train stream's: knows stage and packing
+        origin = batch.origin if stream else None
         self._stage, self._seq_len = (origin.stage if origin else 0), batch.shape[1]
         self._loss_sum += loss_sum.float()
         self._num_targets += num_tokens
         self._num_input_tokens += batch.tokens.numel() // self.context_parallel
         if self.peak_flops_per_device:
             self._flops += self.model.estimate_flops(batch.seq_lens) / self.context_parallel
-        self._batch_stats.append(self._packing_stats(batch))
+        # (non-pad token fraction, documents per row) as the packer counted them; unknown (NaN)
+        # for a batch that does not come from the train stream
+        packing = (batch.packing_efficiency, batch.docs_per_row) if stream else (math.nan,) * 2
+        self._batch_stats.append(packing)
         if self.row_cost is not None:
             self._rank_cost += float(self.row_cost.costs(batch.seq_lens.cpu().numpy()).sum())
 
@@ -372,14 +376,6 @@ class LongCtxModule(L.LightningModule):
         if skip_sync and hasattr(strategy, "block_backward_sync"):
             return strategy.block_backward_sync()
         return contextlib.nullcontext()
-
-    @staticmethod
-    def _packing_stats(batch: PackedBatch) -> tuple[float, float]:
-        """(non-pad token fraction, documents per row) as the packer counted them; unknown
-        (NaN) for a batch that does not come from the train stream."""
-        if not isinstance(batch, StreamBatch):
-            return float("nan"), float("nan")
-        return batch.packing_efficiency, batch.docs_per_row
 
     def _log_step(self, loss: Tensor, grad_norm: Tensor, num_tokens: int, opt) -> None:
         elapsed = time.perf_counter() - self._step_start

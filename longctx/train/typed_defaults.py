@@ -102,16 +102,12 @@ def llama_run_defaults() -> dict[str, Any]:
     return {k: None if k in preset_keys else defaults[k] for k in LLAMA_RUN_SETTINGS}
 
 
-def settings_defaults(path: str) -> dict[str, Any]:
-    """The node of one typed config: its settings at their defaults."""
-    not_settings = TYPED_CONFIGS[path]
-    defaults = parameter_defaults(get_object(path))
-    return {k: v for k, v in defaults.items() if k not in not_settings}
-
-
 def nodes() -> dict[str, dict[str, Any]]:
-    """Every node by name."""
-    found = {node_name(path): settings_defaults(path) for path in TYPED_CONFIGS}
+    """Every node by name: each typed config's settings at their defaults."""
+    found = {}
+    for path, not_settings in TYPED_CONFIGS.items():
+        defaults = parameter_defaults(get_object(path))
+        found[node_name(path)] = {k: v for k, v in defaults.items() if k not in not_settings}
     return found | {LLAMA_NODE: llama_run_defaults()}
 
 
