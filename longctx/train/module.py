@@ -34,17 +34,6 @@ from longctx.train.optim_config import OptimConfig
 from longctx.train.step_axis import STEP_KEY, log_at_step, validate_at_optimizer_steps
 
 
-def build_model(spec: ModelSpec) -> nn.Module:
-    """The spec's model, checked to be a PackedCausalLM (see ModelSpec.build)."""
-    model = spec.build()
-    if not isinstance(model, PackedCausalLM):
-        raise TypeError(
-            f"the model spec {spec!r:.200} built a {type(model).__name__}; expected a "
-            "longctx.model.interface.PackedCausalLM (hidden_states, output_weight, estimate_flops)"
-        )
-    return model
-
-
 def load_init_weights(model: nn.Module, device: torch.device | str) -> None:
     """``model.init_from``, a new stage: a model built on the meta device (maybe FSDP2-sharded)
     materialised on ``device`` and filled from ``model.config.init_from`` (what a source may be,
@@ -144,7 +133,13 @@ class LongCtxModule(L.LightningModule):
             )
         self.automatic_optimization = False
         self.model_config = model_config
-        self.model = build_model(model_config)
+        self.model = model_config.build()  # see ModelSpec.build
+        if not isinstance(self.model, PackedCausalLM):
+            raise TypeError(
+                f"the model spec {model_config!r:.200} built a {type(self.model).__name__}; "
+                "expected a longctx.model.interface.PackedCausalLM (hidden_states, output_weight, "
+                "estimate_flops)"
+            )
         self.optim = optim
         # a resume may choose another to keep the global batch (_keep_resumed_global_batch)
         self.accumulate_grad_batches = optim.accumulate_grad_batches
