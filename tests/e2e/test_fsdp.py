@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -37,7 +38,9 @@ def reference_params(
     """One ordinary process, no FSDP, both micro-batches of a step stacked."""
     module = small_module(init_from=init_from)
     if momentum:  # optimizer state to reshard; AdamW would amplify round-off (sign of ~0 grads)
-        module.optimizer_factory = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+        module.optim = replace(
+            module.optim, optimizer=partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+        )
     batches = fsdp_script.rank_batches(steps)
     fit(module, [cat_batches(batches[2 * s : 2 * s + 2]) for s in range(steps)], max_steps=steps)
     return {k: v.detach().clone() for k, v in module.model.state_dict().items()}

@@ -14,6 +14,7 @@ elements it read from the safetensors files to FILE.<rank>.
 import argparse
 import json
 import math
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -80,7 +81,9 @@ def main() -> None:
     read = count_reads() if args.init_from else None
     module = small_module(init_from=args.init_from)
     if args.momentum:
-        module.optimizer_factory = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+        module.optim = replace(
+            module.optim, optimizer=partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+        )
     data = Steps(rank_batches(args.steps), args.start, args.steps, args.devices, lambda: rank)
     loader = torch.utils.data.DataLoader(data, batch_size=None, collate_fn=lambda b: b)
     trainer = L.Trainer(

@@ -27,7 +27,7 @@ class OptimizerProbe(L.Callback):
             "base_lrs": scheduler.base_lrs,
             "last_epoch": scheduler.last_epoch,
             "optimizer": type(trainer.optimizers[0]).__name__,
-            "grad_clip": pl_module.grad_clip,
+            "grad_clip": pl_module.optim.grad_clip,
             "skip_nonfinite": pl_module.nonfinite.allowed,
         }
         with open(self.path, "w") as f:
