@@ -38,7 +38,7 @@ from longctx.model.attention import (
 )
 from longctx.model.attention.names import check_backend_name
 from longctx.model.flops import training_flops
-from longctx.model.interface import PackedCausalLM, check_batch
+from longctx.model.interface import PackedCausalLM, check_batch, check_weights
 from longctx.model.rope import RopeScaling
 from longctx.model.validation import require_positive
 
@@ -60,7 +60,6 @@ class UnsupportedModelError(LongctxError):
     """An HF model longctx cannot train on packed documents without leaking across them."""
 
 
-# ------------------------------------------------------------------------ support checks
 def _describe(config) -> str:
     arch = ", ".join(getattr(config, "architectures", None) or [])
     model_type = f"model_type={getattr(config, 'model_type', '?')!r}"
@@ -93,21 +92,15 @@ def check_supported(config) -> None:
         raise UnsupportedModelError(f"{name} is an encoder-decoder; expected a causal LM")
 
 
-def sliding_window_of(config) -> int | None:
-    """The attention window of the model's sliding layers, or None when no layer slides."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+def check_window(config, seq_len: int) -> None:
+    """A sliding window shorter than a possible document would need a windowed backend."""
+    text = config.get_text_config()
     window = getattr(text, "sliding_window", None)
     layer_types = getattr(text, "layer_types", None)
     if layer_types is not None and "sliding_attention" not in layer_types:
-        return None  # e.g. Qwen2 keeps sliding_window set but every layer is full attention
+        return  # e.g. Qwen2 keeps sliding_window set but every layer is full attention
     if getattr(text, "use_sliding_window", True) is False:
-        return None
-    return window
-
-
-def check_window(config, seq_len: int) -> None:
-    """A sliding window shorter than a possible document would need a windowed backend."""
-    window = sliding_window_of(config)
+        return
     if window is not None and seq_len > window:
         raise UnsupportedModelError(
             f"{_describe(config)} uses sliding-window attention (window {window}) and data.seq_len="
@@ -117,7 +110,6 @@ def check_window(config, seq_len: int) -> None:
         )
 
 
-# ------------------------------------------------------------------------ attention function
 @dataclasses.dataclass
 class AttentionContext:
     """What every attention layer gets for one forward: the metadata, and a call count that
@@ -178,42 +170,21 @@ def _check_call(module, attention_mask, dropout, sliding_window, softcap, ctx, k
         )
 
 
-def register_longctx_attention() -> None:
-    """Register "longctx" with transformers' AttentionInterface (idempotent)."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_IMPLEMENTATION, longctx_attention)
-
-
-# ------------------------------------------------------------------------ the model wrapper
 class HFCausalLM(PackedCausalLM):
     """An HF causal LM over PackedBatch, with the interface of longctx's Llama:
     forward(batch) -> logits, hidden_states, token_loss, loss -> (loss_sum, num_tokens)."""
 
-    def __init__(
-        self,
-        hf_model: nn.Module,
-        attn_backend: str = "auto",
-        loss_chunk_size: int = 4096,
-        activation_checkpointing: bool = False,
-    ) -> None:
+    def __init__(self, hf_model: nn.Module, attn_backend: str, loss_chunk_size: int) -> None:
+        """``hf_model`` as HFModelSpec.build loads it: its family and the options checked."""
         super().__init__()
-        check_supported(hf_model.config)
-        check_backend_name(attn_backend)
-        if not isinstance(loss_chunk_size, int) or loss_chunk_size < 1:
-            raise LongctxError(f"loss_chunk_size={loss_chunk_size!r}; expected a positive int")
         head = hf_model.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise UnsupportedModelError(f"{_describe(hf_model.config)} has an lm head with a bias")
-        register_longctx_attention()
         hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
-        if activation_checkpointing:
-            hf_model.gradient_checkpointing_enable({"use_reentrant": False})
         self.hf_model = hf_model
         self.attn_backend, self.loss_chunk_size = attn_backend, loss_chunk_size
         self.config = hf_model.config
 
-    # ------------------------------------------------------------------ logits
     @property
     def output_weight(self) -> Tensor:
         """[V, dim] lm head with the family's logit scale folded in (Granite, Cohere)."""
@@ -250,9 +221,15 @@ class HFCausalLM(PackedCausalLM):
 
     def estimate_flops(self, seq_lens: Tensor) -> float:
         """Forward + backward FLOPs: 6 x matmul parameters per token, attention within documents."""
-        return estimate_hf_flops(self.config, self.hf_model, seq_lens)
+        text, hf_model = self.config.get_text_config(), self.hf_model
+        params = sum(p.numel() for p in hf_model.parameters())
+        embed = hf_model.get_input_embeddings().weight.numel()
+        tied = hf_model.get_output_embeddings().weight is hf_model.get_input_embeddings().weight
+        matmul = params - embed + (embed if tied else 0)
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        heads, layers = text.num_attention_heads, text.num_hidden_layers
+        return training_flops(matmul, head_dim, heads, layers, seq_lens)
 
-    # ------------------------------------------------------------------ checks
     def _check_dispatch(self, ctx: AttentionContext) -> None:
         expected = self.config.get_text_config().num_hidden_layers
         if ctx.calls != expected:
@@ -274,18 +251,6 @@ def logit_scale(config) -> float:
     return scale * getattr(text, "logit_scale", 1.0)
 
 
-def estimate_hf_flops(config, hf_model: nn.Module, seq_lens: Tensor) -> float:
-    text = config.get_text_config()
-    params = sum(p.numel() for p in hf_model.parameters())
-    embed = hf_model.get_input_embeddings().weight.numel()
-    tied = hf_model.get_output_embeddings().weight is hf_model.get_input_embeddings().weight
-    matmul = params - embed + (embed if tied else 0)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    heads, layers = text.num_attention_heads, text.num_hidden_layers
-    return training_flops(matmul, head_dim, heads, layers, seq_lens)
-
-
-# ------------------------------------------------------------------------ loading
 def load_hf_config(path: str | Path, **config_overrides):
     """AutoConfig of a local checkpoint folder (no code of its own: longctx.hf.folders);
     refuses families longctx cannot mask.
@@ -360,30 +325,6 @@ def override_rope(config, rope_theta=None, rope_scaling=None, rope_parameters=No
     text.validate_rope()
 
 
-def load_hf_causal_lm(
-    path: str | Path,
-    attn_backend: str = "auto",
-    loss_chunk_size: int = 4096,
-    activation_checkpointing: bool = False,
-    dtype: str = "float32",
-    config_overrides: dict | None = None,
-) -> HFCausalLM:
-    """Load AutoModelForCausalLM from a local folder (no downloads) wrapped as HFCausalLM."""
-    from transformers import AutoModelForCausalLM
-
-    torch_dtype = dtype_named(dtype)
-    config = load_hf_config(path, **(config_overrides or {}))
-    register_longctx_attention()
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        path,
-        config=config,
-        attn_implementation=ATTN_IMPLEMENTATION,
-        dtype=torch_dtype,
-        **LOCAL_ONLY,
-    )
-    return HFCausalLM(hf_model, attn_backend, loss_chunk_size, activation_checkpointing)
-
-
 @dataclasses.dataclass
 class HFModelSpec:
     """The Hydra ``model=hf`` node: reads only config.json until called, so preflight is cheap.
@@ -407,6 +348,8 @@ class HFModelSpec:
 
     def __post_init__(self) -> None:
         check_backend_name(self.attn_backend)
+        if not isinstance(self.loss_chunk_size, int) or self.loss_chunk_size < 1:
+            raise LongctxError(f"loss_chunk_size={self.loss_chunk_size!r}; expected a positive int")
         dtype_named(self.dtype)  # fail now on a typo
         self.config_overrides = dict(self.config_overrides or {})
         _ = self.hf_config  # fail now on a missing folder or a refused family
@@ -431,11 +374,7 @@ class HFModelSpec:
 
     def num_params(self) -> int:
         """Parameter count from the config alone: the model built on the meta device."""
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.hf_config, trust_remote_code=False)
-        return sum(p.numel() for p in model.parameters())
+        return sum(p.numel() for p in self._meta_model().parameters())
 
     def check_seq_len(self, seq_len: int) -> None:
         """Refuse a seq_len the model cannot mask correctly or was not configured for."""
@@ -451,30 +390,40 @@ class HFModelSpec:
         """The model from ``path`` (its own non-persistent buffers, e.g. RoPE frequencies,
         as transformers computes them) holding ``weights``, checked first against the model
         built on the meta device from config.json alone."""
-        from longctx.model.interface import check_weights
-
-        check_weights(self._empty_state(), weights)
+        empty = {f"hf_model.{k}": v for k, v in self._meta_model().state_dict().items()}
+        check_weights(empty, weights)
         model = self.build()
         model.load_state_dict(weights, strict=True)
         return model
 
-    def _empty_state(self) -> dict:
-        """The HFCausalLM's state dict names and shapes, nothing allocated."""
+    def _meta_model(self) -> nn.Module:
+        """The model built from config.json alone, nothing allocated."""
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
-            empty = AutoModelForCausalLM.from_config(self.hf_config, trust_remote_code=False)
-        return {f"hf_model.{k}": v for k, v in empty.state_dict().items()}
+            return AutoModelForCausalLM.from_config(self.hf_config, trust_remote_code=False)
 
     def build(self) -> HFCausalLM:
-        return load_hf_causal_lm(
+        """AutoModelForCausalLM from the local folder (no downloads) wrapped as HFCausalLM."""
+        from transformers import AttentionInterface, AutoModelForCausalLM
+
+        AttentionInterface.register(ATTN_IMPLEMENTATION, longctx_attention)  # idempotent
+        hf_model = AutoModelForCausalLM.from_pretrained(
             self.path,
-            self.attn_backend,
-            self.loss_chunk_size,
-            self.activation_checkpointing,
-            self.dtype,
-            self.config_overrides,
+            config=self.hf_config,
+            attn_implementation=ATTN_IMPLEMENTATION,
+            dtype=dtype_named(self.dtype),
+            **LOCAL_ONLY,
         )
+        if self.activation_checkpointing:
+            hf_model.gradient_checkpointing_enable({"use_reentrant": False})
+        return HFCausalLM(hf_model, self.attn_backend, self.loss_chunk_size)
+
+
+def load_hf_causal_lm(path: str | Path, **options) -> HFCausalLM:
+    """The HF causal LM in the local folder ``path`` as HFCausalLM; ``options`` are
+    HFModelSpec's fields (attn_backend, loss_chunk_size, dtype, ...)."""
+    return HFModelSpec(str(path), **options).build()
 
 
 def greedy_continuations(hf_model, input_ids: Tensor, max_new_tokens: int) -> list[list[int]]:

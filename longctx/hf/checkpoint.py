@@ -53,7 +53,7 @@ def to_hf_name(name: str) -> str:
 def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
     """LlamaConfig from a parsed HF config.json; ``overrides`` are LlamaConfig fields
     (:meth:`LlamaConfig.from_fields`)."""
-    check_supported(hf)
+    _check_hf_llama(hf)
     theta, scaling = _rope_from_hf(hf)
     fields = dict(
         vocab_size=hf["vocab_size"],
@@ -71,7 +71,7 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
     return LlamaConfig.from_fields(fields, **overrides)
 
 
-def check_supported(hf: dict[str, Any]) -> None:
+def _check_hf_llama(hf: dict[str, Any]) -> None:
     """Refuse an HF config that is not a Llama longctx's model can hold (another model type,
     activation, biases, a head_dim of its own), naming every difference."""
     problems = []

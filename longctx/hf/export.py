@@ -24,28 +24,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from longctx.cli import bar, command
 from longctx.data.run_tokenizer import run_tokenizer
-from longctx.data.tokenizer import (
-    TOKENIZER_NAMES,
-    ByteTokenizer,
-    check_named_tokenizer,
-    tokenizer_source,
-)
-from longctx.errors import LongctxError
+from longctx.data.tokenizer import TOKENIZER_NAMES, check_named_tokenizer, tokenizer_source
+from longctx.hf.checkpoint import save_hf
 from longctx.hf.config_targets import CONFIG_TARGETS
-from longctx.hf.export_tokenizer import write_tokenizer
+from longctx.hf.export_tokenizer import write_json, write_tokenizer
 from longctx.hf.lengths import max_positions, trained_length
 from longctx.hf.run_model import EXPORT_RECORD, llama_config, read_model, weights_source
 from longctx.hf.verify import add_verify_options, verify
 from longctx.io import make_readable
-from longctx.model import Llama, LlamaConfig
+from longctx.model import Llama
 from longctx.runs.record import read_stored_run
 
 GENERATION_CONFIG = "generation_config.json"
@@ -56,8 +49,6 @@ class Export:
     """An export's folder and what it states."""
 
     folder: Path
-    model: LlamaConfig
-    data: Any  # longctx.data.DataConfig
     trained_length: int
     max_position_embeddings: int
 
@@ -72,17 +63,10 @@ def export(
     checkpoint, out = Path(checkpoint), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--out {out} exists and is not empty; expected a new folder")
-    stored = read_stored_run(
-        checkpoint, CONFIG_TARGETS
-    )  # the record of the config that trained the weights
+    stored = read_stored_run(checkpoint, CONFIG_TARGETS)  # the config that trained the weights
     config, data = llama_config(stored), stored.data_config()
     tokenizer = run_tokenizer_source(data, tokenizer)
     weights_source(stored.checkpoint, config)  # shapes agree, before anything is allocated
-    if tokenizer == "byte" and config.vocab_size < ByteTokenizer.vocab_size:
-        raise LongctxError(
-            f"the byte tokenizer's {ByteTokenizer.vocab_size} ids do not fit the model's "
-            f"vocab_size={config.vocab_size}; export a checkpoint trained on byte-tokenized data"
-        )
     trained = trained_length(data)
     length = max_positions(config, trained)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +76,7 @@ def export(
         model = read_model(stored.checkpoint, config)
         _write_model(model, staging, max_shard_size, length, specials)
         record = {"checkpoint": str(stored.checkpoint.resolve()), "trained_length": trained}
-        _write_json(staging / EXPORT_RECORD, {**record, "max_position_embeddings": length})
+        write_json(staging / EXPORT_RECORD, {**record, "max_position_embeddings": length})
         make_readable(staging)  # mkdtemp made it 0700, safetensors its files 0600
         if out.exists():
             out.rmdir()  # empty, checked above
@@ -100,7 +84,7 @@ def export(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return Export(out, config, data, trained, length)
+    return Export(out, trained, length)
 
 
 def run_tokenizer_source(data, given: str | Path | None) -> str:
@@ -125,8 +109,6 @@ def run_tokenizer_source(data, given: str | Path | None) -> str:
 
 
 def _write_model(model: Llama, folder: Path, max_shard_size: str, length: int, specials) -> None:
-    from longctx.hf.checkpoint import save_hf
-
     total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     with bar(total, "writing weights", unit="B") as progress:
         save_hf(
@@ -137,14 +119,9 @@ def _write_model(model: Llama, folder: Path, max_shard_size: str, length: int, s
             max_position_embeddings=length,
             **specials,
         )
-    _write_json(folder / GENERATION_CONFIG, {**specials, "_from_model_config": False})
+    write_json(folder / GENERATION_CONFIG, {**specials, "_from_model_config": False})
 
 
-def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-# --------------------------------------------------------------------------- CLI
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m longctx.hf.export",

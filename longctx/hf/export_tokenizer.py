@@ -20,6 +20,7 @@ from typing import Any
 
 from longctx.data.tokenizer import ByteTokenizer, HFTokenizer, Llama3Tokenizer
 from longctx.errors import LongctxError
+from longctx.hf.folders import read_config_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -69,9 +70,7 @@ def write_byte_tokenizer(folder: Path, model_max_length: int) -> dict[str, int]:
         "eos_token": BYTE_SPECIALS[ByteTokenizer.EOS],
         "pad_token": BYTE_SPECIALS[ByteTokenizer.PAD],
     }
-    _write_json(folder / TOKENIZER_FILE, byte_tokenizer_json())
-    _write_json(folder / TOKENIZER_CONFIG, config)
-    _write_json(folder / SPECIAL_TOKENS_MAP, {k: config[k] for k in _SPECIAL_KEYS})
+    _write_files(folder, byte_tokenizer_json(), config, {k: config[k] for k in _SPECIAL_KEYS})
     return {
         "bos_token_id": ByteTokenizer.BOS,
         "eos_token_id": ByteTokenizer.EOS,
@@ -88,6 +87,7 @@ def write_tokenizer(
     """The run's tokenizer in ``folder``: None or 'byte' (the bytes), 'llama3', or a folder
     (what ``prepare --tokenizer`` read); returns its special ids."""
     if tokenizer is None or str(tokenizer) == "byte":
+        _check_fits("byte", ByteTokenizer.vocab_size, vocab_size)
         return write_byte_tokenizer(folder, model_max_length)
     if str(tokenizer) == Llama3Tokenizer.NAME:
         return write_llama3_tokenizer(folder, model_max_length, vocab_size)
@@ -106,17 +106,11 @@ def write_llama3_tokenizer(folder: Path, model_max_length: int, vocab_size: int)
     128,256 ids, specials by id only, nothing added around a text (lm-eval and a user add the
     BOS a Llama 3 document starts with, as this run's packing did by default)."""
     tok = Llama3Tokenizer()
-    if tok.vocab_size > vocab_size:
-        raise LongctxError(
-            f"the tokenizer llama3 has {tok.vocab_size:,} ids, more than the model's "
-            f"vocab_size={vocab_size}; export a checkpoint trained on the data it prepared"
-        )
+    _check_fits(Llama3Tokenizer.NAME, tok.vocab_size, vocab_size)
     tokenizer_json = json.loads(tok.fast_tokenizer().to_str())
     tokenizer_json["post_processor"] = _without_adding(tokenizer_json.get("post_processor"))
     config = {**tokenizer_settings(model_max_length), **LLAMA3_SPECIAL_NAMES}
-    _write_json(folder / TOKENIZER_FILE, tokenizer_json)
-    _write_json(folder / TOKENIZER_CONFIG, config)
-    _write_json(folder / SPECIAL_TOKENS_MAP, dict(LLAMA3_SPECIAL_NAMES))
+    _write_files(folder, tokenizer_json, config, dict(LLAMA3_SPECIAL_NAMES))
     return {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
 
 
@@ -127,28 +121,37 @@ def write_user_tokenizer(
     the export's settings and without a post-processor that adds specials; returns its special
     ids (bos only when its config names one). Refuses a vocabulary the model cannot hold."""
     tok = HFTokenizer(source)  # prepare's own reading: its EOS and pad are the run's
-    if tok.vocab_size > vocab_size:
-        raise LongctxError(
-            f"the tokenizer {source} has {tok.vocab_size} ids (added tokens included), more "
-            f"than the model's vocab_size={vocab_size}; export a checkpoint trained on the data "
-            "it prepared"
-        )
-    tokenizer_json = json.loads((tok.folder / TOKENIZER_FILE).read_text())
+    _check_fits(source, tok.vocab_size, vocab_size)
+    tokenizer_json = read_config_json(tok.folder, TOKENIZER_FILE)
     tokenizer_json["post_processor"] = _without_adding(tokenizer_json.get("post_processor"))
-    old_config = _read_json(tok.folder / TOKENIZER_CONFIG)
+    has_config = (tok.folder / TOKENIZER_CONFIG).is_file()
+    old_config = read_config_json(tok.folder, TOKENIZER_CONFIG) if has_config else {}
     config = {**old_config, **tokenizer_settings(model_max_length)}
     config.pop("auto_map", None)  # a custom class is code; the export's class is the fast one
     config.setdefault("eos_token", tok.decode([tok.eos_id]))
     config.setdefault("pad_token", tok.decode([tok.pad_id]))
-    _write_json(folder / TOKENIZER_FILE, tokenizer_json)
-    _write_json(folder / TOKENIZER_CONFIG, config)
     specials = {k: config[k] for k in (*_SPECIAL_KEYS, "unk_token") if config.get(k) is not None}
-    _write_json(folder / SPECIAL_TOKENS_MAP, specials)
+    _write_files(folder, tokenizer_json, config, specials)
     ids = {"eos_token_id": int(tok.eos_id), "pad_token_id": int(tok.pad_id)}
     bos = _token_id(tokenizer_json, config.get("bos_token"))
     if bos is not None:
         ids["bos_token_id"] = bos
     return ids
+
+
+def _check_fits(name, ids: int, vocab_size: int) -> None:
+    """Every id of the tokenizer must index the model's embedding (added tokens included)."""
+    if ids > vocab_size:
+        raise LongctxError(
+            f"tokenizer {name}: {ids:,} ids do not fit the model's vocab_size={vocab_size} "
+            "(added tokens counted); export a checkpoint trained on the data it prepared"
+        )
+
+
+def _write_files(folder: Path, tokenizer_json: dict, config: dict, specials: dict) -> None:
+    write_json(folder / TOKENIZER_FILE, tokenizer_json)
+    write_json(folder / TOKENIZER_CONFIG, config)
+    write_json(folder / SPECIAL_TOKENS_MAP, specials)
 
 
 def _without_adding(post: dict | None) -> dict | None:
@@ -188,9 +191,5 @@ def _bytes_to_unicode() -> dict[int, str]:
     return chars
 
 
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")

@@ -30,15 +30,9 @@ def trained_length(data_config) -> int:
     return max([int(data_config.seq_len), *(int(s.seq_len) for s in stages)])
 
 
-def rope_reach(model_config: LlamaConfig) -> int | None:
-    """The length the RoPE scaling is configured to reach, or None when it states none."""
-    scaling = model_config.rope_scaling
-    if scaling is None or scaling.type not in _REACHING:
-        return None
-    return int(round(scaling.original_max_position * scaling.factor))
-
-
 def max_positions(model_config: LlamaConfig, trained: int) -> int:
     """config.json's ``max_position_embeddings``: the module docstring's rule."""
-    reach = rope_reach(model_config) or 0
+    scaling = model_config.rope_scaling
+    reaches = scaling is not None and scaling.type in _REACHING
+    reach = int(round(scaling.original_max_position * scaling.factor)) if reaches else 0
     return min(max(trained, reach), model_config.max_seq_len)

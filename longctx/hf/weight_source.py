@@ -36,7 +36,7 @@ from longctx.distributed.sharded import (
     read_dcp_metadata,
 )
 from longctx.errors import LongctxError
-from longctx.hf.checkpoint import check_supported, config_from_hf, to_hf_name
+from longctx.hf.checkpoint import config_from_hf, to_hf_name
 from longctx.hf.folders import CONFIG_FILE, read_config_json
 from longctx.model.config import LlamaConfig
 from longctx.model.interface import check_weights
@@ -66,24 +66,24 @@ class InitFromError(LongctxError):
 @dataclasses.dataclass
 class WeightSource:
     """A resolved ``init_from`` path: its kind, its tensors' shapes (longctx names) and, for a
-    transformers folder, its config.json."""
+    transformers folder, the LlamaConfig its config.json states."""
 
     path: Path
     kind: str  # "transformers", "longctx" (a .ckpt file) or "longctx-sharded"
     shapes: dict[str, torch.Size]
-    hf_config: dict[str, Any] | None = None
+    their_config: LlamaConfig | None = None
 
     def check(self, config: LlamaConfig) -> None:
         """Refuse a model config whose architecture or tensor shapes differ from the source's."""
-        if self.hf_config is not None:
-            _check_fields(config, self.hf_config, self.path)
+        if self.their_config is not None:
+            _check_fields(config, self.their_config, self.path)
         _check_shapes(_meta_state(config), self.shapes, self.path)
 
     def rope_change(self, config: LlamaConfig) -> str | None:
         """A line saying how this run's RoPE differs from a transformers source's, if it does."""
-        if self.hf_config is None:
+        theirs = self.their_config
+        if theirs is None:
             return None
-        theirs = config_from_hf(self.hf_config)
         if (theirs.rope_theta, theirs.rope_scaling) == (config.rope_theta, config.rope_scaling):
             return None
         return (
@@ -100,8 +100,7 @@ class WeightSource:
             # each rank reads the slices its (sharded) tensors hold, in the model's dtype; without
             # a process group, a plain load. The planner is the one that never unpickles.
             hf_state = {to_hf_name(k): v for k, v in state.items()}
-            reader, single = _hf_reader(self.path), not torch.distributed.is_initialized()
-            dcp.load(hf_state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=single)
+            dcp.load(hf_state, storage_reader=_hf_reader(self.path), planner=SafeLoadPlanner())
         elif self.kind == "longctx-sharded":
             nested = {"state_dict": {LONGCTX_PREFIX + k: v for k, v in state.items()}}
             load_sharded(nested, self.path)  # its index and items read as data
@@ -175,7 +174,7 @@ def _transformers_source(path: Path) -> WeightSource:
 
     hf = read_config_json(path)
     try:
-        check_supported(hf)
+        theirs = config_from_hf(hf)  # refuses what longctx's Llama cannot hold
     except LongctxError as err:
         raise InitFromError(f"model.init_from={str(path)!r}: {err}") from err
     files = sorted(path.glob("*.safetensors"))
@@ -183,7 +182,7 @@ def _transformers_source(path: Path) -> WeightSource:
         raise InitFromError(
             f"model.init_from={str(path)!r} has a config.json but no *.safetensors weights"
         )
-    from_hf = {to_hf_name(k): k for k in _meta_state(config_from_hf(hf))}
+    from_hf = {to_hf_name(k): k for k in _meta_state(theirs)}
     shapes = {}
     for file in files:
         try:
@@ -196,9 +195,9 @@ def _transformers_source(path: Path) -> WeightSource:
                 f"({type(err).__name__}: {err}); expected a complete .safetensors file (a copy "
                 "that stopped part-way is truncated)"
             ) from err
-    if hf.get("tie_word_embeddings"):
+    if theirs.tie_embeddings:
         shapes.pop("lm_head.weight", None)  # a tied copy some writers keep
-    return WeightSource(path, "transformers", shapes, hf)
+    return WeightSource(path, "transformers", shapes, theirs)
 
 
 def _run_checkpoint(run: Path) -> Path:
@@ -249,8 +248,7 @@ def _meta_state(config: LlamaConfig) -> dict[str, Tensor]:
         return Llama(config).state_dict()
 
 
-def _check_fields(config: LlamaConfig, hf: dict[str, Any], path: Path) -> None:
-    theirs = config_from_hf(hf)
+def _check_fields(config: LlamaConfig, theirs: LlamaConfig, path: Path) -> None:
     differ = [
         f"{f}: model {getattr(config, f)} vs checkpoint {getattr(theirs, f)}"
         for f in ARCHITECTURE_FIELDS
