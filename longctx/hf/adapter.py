@@ -194,7 +194,8 @@ class HFCausalLM(PackedCausalLM):
 
     def hidden_states(self, batch: PackedBatch) -> Tensor:
         """Final-normed hidden states [B, L, dim] of the HF base model."""
-        self._check_batch(batch)
+        embeddings = self.hf_model.get_input_embeddings()
+        check_batch(batch, embeddings.weight.device, embeddings.num_embeddings, None)
         device = batch.tokens.device
         meta = build_attention_metadata(batch, resolve_backend(self.attn_backend, device))
         ctx = AttentionContext(meta, batch.max_seqlen)
@@ -238,10 +239,6 @@ class HFCausalLM(PackedCausalLM):
                 "attention; the others ignore transformers' AttentionInterface and would attend "
                 "across documents"
             )
-
-    def _check_batch(self, batch: PackedBatch) -> None:
-        embeddings = self.hf_model.get_input_embeddings()
-        check_batch(batch, embeddings.weight.device, embeddings.num_embeddings, None)
 
 
 def logit_scale(config) -> float:

@@ -54,7 +54,8 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
     """LlamaConfig from a parsed HF config.json; ``overrides`` are LlamaConfig fields
     (:meth:`LlamaConfig.from_fields`)."""
     _check_hf_llama(hf)
-    theta, scaling = _rope_from_hf(hf)
+    max_position = hf.get("max_position_embeddings", 2048)
+    rope = hf.get("rope_parameters") or {}  # 5.x; 4.x has top-level rope_theta and rope_scaling
     fields = dict(
         vocab_size=hf["vocab_size"],
         dim=hf["hidden_size"],
@@ -63,9 +64,9 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
         n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         ffn_dim=hf["intermediate_size"],
         norm_eps=hf.get("rms_norm_eps", 1e-6),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        max_seq_len=hf.get("max_position_embeddings", 2048),
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        rope_scaling=RopeScaling.from_hf(rope or hf.get("rope_scaling") or {}, max_position),
+        max_seq_len=max_position,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
     )
     return LlamaConfig.from_fields(fields, **overrides)
@@ -87,15 +88,6 @@ def _check_hf_llama(hf: dict[str, Any]) -> None:
         problems.append(f"head_dim={head_dim} != hidden_size / num_attention_heads")
     if problems:
         raise LongctxError("unsupported HF Llama config: " + "; ".join(problems))
-
-
-def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, scaling) from either config style."""
-    params = hf.get("rope_parameters") or {}
-    legacy = hf.get("rope_scaling") or {}
-    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
-    max_position = hf.get("max_position_embeddings", 2048)
-    return float(theta), RopeScaling.from_hf(params or legacy, max_position)
 
 
 def config_to_hf(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -123,7 +115,10 @@ def config_to_hf(config: LlamaConfig, dtype: torch.dtype) -> dict[str, Any]:
         "dtype": str(dtype).removeprefix("torch."),
     }
     if config.rope_scaling is not None:
-        out["rope_scaling"] = _floats(config.rope_scaling.to_hf())
+        scaling = config.rope_scaling.to_hf()
+        out["rope_scaling"] = {
+            k: float(v) if k in _FLOAT_ROPE_KEYS else v for k, v in scaling.items()
+        }
     return out
 
 
@@ -136,10 +131,6 @@ _FLOAT_ROPE_KEYS = (
     "beta_slow",
     "attention_factor",
 )
-
-
-def _floats(scaling: dict[str, Any]) -> dict[str, Any]:
-    return {k: float(v) if k in _FLOAT_ROPE_KEYS else v for k, v in scaling.items()}
 
 
 def save_hf(

@@ -110,15 +110,9 @@ def run_tokenizer_source(data, given: str | Path | None) -> str:
 
 def _write_model(model: Llama, folder: Path, max_shard_size: str, length: int, specials) -> None:
     total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    config_extra = {"max_position_embeddings": length, **specials}
     with bar(total, "writing weights", unit="B") as progress:
-        save_hf(
-            model,
-            folder,
-            max_shard_size,
-            on_bytes=progress.update,
-            max_position_embeddings=length,
-            **specials,
-        )
+        save_hf(model, folder, max_shard_size, on_bytes=progress.update, **config_extra)
     write_json(folder / GENERATION_CONFIG, {**specials, "_from_model_config": False})
 
 

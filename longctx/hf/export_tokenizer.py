@@ -181,14 +181,8 @@ def _bytes_to_unicode() -> dict[int, str]:
     Latin-1 bytes stand for themselves, the others take code points from 256 on, in order."""
     printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)}
     printable |= set(range(ord("®"), ord("ÿ") + 1))
-    chars, shifted = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + shifted)
-            shifted += 1
-    return chars
+    others = [b for b in range(256) if b not in printable]
+    return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
 
 
 def write_json(path: Path, data: dict) -> None:
