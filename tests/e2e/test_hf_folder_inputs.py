@@ -188,7 +188,7 @@ def test_an_out_that_is_a_file_is_refused_before_scoring(plain, tmp_path, monkey
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(eval_cli, "load_model", never)
-    monkeypatch.setattr("longctx.eval.ruler.hf.load_hf_folder", never)
+    monkeypatch.setattr(eval_cli, "load_hf_folder", never)
     taken = tmp_path / "taken"
     taken.write_text("the user's")
     ckpt = make_run(tmp_path / "run") / "checkpoints" / "last.ckpt"
