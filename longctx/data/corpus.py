@@ -109,8 +109,7 @@ def default_corpus_dir(
     """The prepared default corpus folder, preparing it once (under a lock) if needed.
     ``tokenizer``: None or 'byte' (the bytes), 'llama3', or a tokenizer folder."""
     records = lambda source: (r for r in chapters(source) if not _is_held_out(r))  # noqa: E731
-    name = _tokenized_name(CORPUS_NAME, tokenizer)
-    return _prepared(name, records, VAL_FRACTION, cache_dir, progress, tokenizer)
+    return _prepared(CORPUS_NAME, records, VAL_FRACTION, cache_dir, progress, tokenizer)
 
 
 def long_documents_dir(
@@ -118,8 +117,7 @@ def long_documents_dir(
 ) -> Path:
     """The prepared held-out books (all in the folder's train split: it has no other use)."""
     records = lambda source: books(source, HELD_OUT_BOOKS)  # noqa: E731
-    name = _tokenized_name(LONG_DOCUMENTS_NAME, tokenizer)
-    return _prepared(name, records, 0.0, cache_dir, progress, tokenizer)
+    return _prepared(LONG_DOCUMENTS_NAME, records, 0.0, cache_dir, progress, tokenizer)
 
 
 def _tokenized_name(name: str, tokenizer: str | None) -> str:
@@ -137,6 +135,7 @@ def _prepared(
     name: str, records, val_fraction: float, cache_dir, progress: bool, tokenizer=None
 ) -> Path:
     """``cache_root/name``, prepared from ``records(kjv source)`` once, under a lock."""
+    name = _tokenized_name(name, tokenizer)
     with cache_lock(cache_dir, name) as out:
         root = out.parent
         source = kjv_source_path()
@@ -155,7 +154,6 @@ def _prepared(
     return out
 
 
-# --------------------------------------------------------------------------- haystacks
 def resolve_haystack(spec, cache_dir: str | None = None):
     """'books' (the embedded held-out books: no training row holds them), 'embedded' (the
     embedded corpus's training chapters: for training documents), 'noise' (the lc_* filler),

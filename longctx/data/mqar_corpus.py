@@ -56,10 +56,14 @@ def write_corpus(
 
     def write_splits(folder: Path, dtype: str) -> dict[str, SplitInfo]:
         counts = (("train", "train-00000", documents), ("val", "val", val_documents))
-        return {
-            split: _write_split(folder, stem, spec, count, [seed, STREAM, i], dtype)
-            for i, (split, stem, count) in enumerate(counts)
-        }
+        splits = {}
+        for i, (split, stem, count) in enumerate(counts):
+            writer = SplitWriter(folder, stem, dtype, SHARD_TOKENS)
+            rng = np.random.default_rng([seed, STREAM, i])
+            for _ in range(count):
+                writer.add(spec.document(rng).tokens)
+            splits[split] = writer.close()
+        return splits
 
     return write_generated(out, options, vocab, write_splits)
 
@@ -95,16 +99,6 @@ def mqar_dir(corpus: MqarCorpus, cache_dir: str | Path | None = None) -> Path:
             raise LongctxError(f"{out} holds another MQAR corpus ({recorded}); remove it")
 
     return written_once(cache_dir, name, write, check)
-
-
-def _write_split(
-    folder: Path, stem: str, spec: MqarSpec, documents: int, stream: list[int], dtype: str
-):
-    writer = SplitWriter(folder, stem, dtype, SHARD_TOKENS)
-    rng = np.random.default_rng(stream)
-    for _ in range(documents):
-        writer.add(spec.document(rng).tokens)
-    return writer.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -34,7 +34,7 @@ from datatrove.executor import LocalPipelineExecutor, SlurmPipelineExecutor
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.logging import logger, setup_default_logger
 
-from longctx.data.shards import SplitInfo, split_info_from_dict, task_writers
+from longctx.data.shards import SplitInfo, splits_from_dict, task_writers
 from longctx.data.sources import Source, documents_of_task, is_validation
 from longctx.data.tokenizer import Tokenizer
 from longctx.errors import LongctxError
@@ -72,10 +72,7 @@ class TaskResult:
     @classmethod
     def load(cls, path: Path) -> TaskResult:
         data = json.loads(Path(path).read_text())
-        splits = {
-            name: split_info_from_dict(s, str(path), f"splits.{name}.")
-            for name, s in data["splits"].items()
-        }
+        splits = splits_from_dict(data["splits"], str(path))
         return cls(splits, int(data["skipped_empty_documents"]))
 
 

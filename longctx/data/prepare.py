@@ -149,9 +149,15 @@ def task_progress(sources: list[Source], tasks: int, results: Path, enabled: boo
     spans = [min(hi, total) - lo for lo, hi in ranges]  # the last range ends one past the end
     stop, done = threading.Event(), set()
 
+    def count_finished() -> None:
+        for k in range(tasks):
+            if k not in done and result_path(results, k).is_file():
+                done.add(k)
+                progress.update(spans[k])
+
     def watch() -> None:
         while not stop.wait(0.5):
-            _count_finished(tasks, results, spans, done, progress)
+            count_finished()
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -160,15 +166,8 @@ def task_progress(sources: list[Source], tasks: int, results: Path, enabled: boo
     finally:
         stop.set()
         watcher.join()
-        _count_finished(tasks, results, spans, done, progress)
+        count_finished()
         progress.close()
-
-
-def _count_finished(tasks: int, results: Path, spans: list[int], done: set, progress) -> None:
-    for k in range(tasks):
-        if k not in done and result_path(results, k).is_file():
-            done.add(k)
-            progress.update(spans[k])
 
 
 def _remove_unlisted_shards(out: Path, manifest: Manifest) -> None:
@@ -282,10 +281,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
-    if args.executor == "slurm" and not args.partition:
-        parser.error("--executor slurm needs --partition")
     slurm = None
     if args.executor == "slurm":
+        if not args.partition:
+            parser.error("--executor slurm needs --partition")
         slurm = SlurmOptions(
             args.partition, args.time, args.cpus_per_task, args.mem_per_cpu_gb, args.qos
         )

@@ -124,15 +124,11 @@ class Manifest:
         """Build from parsed JSON; a missing, unknown or mistyped key raises ManifestError
         naming ``where`` and the key's path (``splits.train.shards[3].tokens``)."""
         _check_keys(data, cls, where, "")
-        splits = _field(data, "splits", dict, where, "")
-        data = dict(data)
-        data["splits"] = {
-            name: split_info_from_dict(s, where, f"splits.{name}.") for name, s in splits.items()
-        }
-        return cls(**data)
+        return cls(**dict(data, splits=splits_from_dict(data["splits"], where)))
 
 
-_FIELD_TYPES = {"int": int, "str": str, "dict": dict, "float": (int, float), "list[dict]": list}
+# by the annotation's outer type: splits (dict[str, SplitInfo]) and shards (list[...]) too
+_FIELD_TYPES = {"int": int, "str": str, "dict": dict, "float": (int, float), "list": list}
 
 
 def _check_keys(data, cls, where: str, prefix: str) -> None:
@@ -154,26 +150,23 @@ def _check_keys(data, cls, where: str, prefix: str) -> None:
     for name, value in data.items():
         if name not in fields:
             raise ManifestError(f"{where}: unknown key '{prefix}{name}'; expected {sorted(fields)}")
-        wanted = _FIELD_TYPES.get(str(fields[name].type))
+        wanted = _FIELD_TYPES.get(str(fields[name].type).split("[")[0])
         if wanted is not None and (not isinstance(value, wanted) or isinstance(value, bool)):
             raise ManifestError(
                 f"{where}: key {prefix}{name} = {value!r}; expected {fields[name].type}"
             )
 
 
-def _field(data: dict, name: str, kind: type, where: str, prefix: str):
-    value = data[name]
-    if not isinstance(value, kind):
-        raise ManifestError(f"{where}: key {prefix}{name} = {value!r}; expected {kind.__name__}")
-    return value
-
-
-def split_info_from_dict(data, where: str, prefix: str) -> SplitInfo:
-    _check_keys(data, SplitInfo, where, prefix)
-    shards = _field(data, "shards", list, where, prefix)
-    for i, shard in enumerate(shards):
-        _check_keys(shard, ShardInfo, where, f"{prefix}shards[{i}].")
-    return SplitInfo(data["documents"], data["tokens"], [ShardInfo(**s) for s in shards])
+def splits_from_dict(splits: dict, where: str) -> dict[str, SplitInfo]:
+    """A manifest's (or a task result's) ``splits``, each key checked as from_dict says."""
+    infos = {}
+    for name, split in splits.items():
+        _check_keys(split, SplitInfo, where, f"splits.{name}.")
+        for i, shard in enumerate(split["shards"]):
+            _check_keys(shard, ShardInfo, where, f"splits.{name}.shards[{i}].")
+        shards = [ShardInfo(**s) for s in split["shards"]]
+        infos[name] = SplitInfo(split["documents"], split["tokens"], shards)
+    return infos
 
 
 def atomic_save_npy(path: Path, array: np.ndarray) -> None:

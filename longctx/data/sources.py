@@ -55,16 +55,13 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
     return sorted(files)
 
 
-def format_of(path: Path) -> str:
-    return {".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower(), "text")
-
-
 def describe_source(path: Path) -> Source:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(_HASH_BLOCK):
             digest.update(block)
-    return Source(str(path), digest.hexdigest(), path.stat().st_size, format_of(path))
+    format = {".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix.lower(), "text")
+    return Source(str(path), digest.hexdigest(), path.stat().st_size, format)
 
 
 def is_validation(source_id: str, val_fraction: float) -> bool:
@@ -75,7 +72,6 @@ def is_validation(source_id: str, val_fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") < val_fraction * 2.0**64
 
 
-# --------------------------------------------------------------------------- task ranges
 def task_range(sources: Sequence[Source], task: int, tasks: int) -> tuple[int, int]:
     """[lo, hi) of the inputs' concatenated bytes that task ``task`` of ``tasks`` owns."""
     total = sum(s.bytes for s in sources)
