@@ -23,12 +23,13 @@ import numpy as np
 
 from longctx.cli import command
 from longctx.data.config import MqarCorpus
+from longctx.data.shards import load_manifest
 from longctx.errors import LongctxError
 from longctx.eval.cli import load_model
 from longctx.eval.files import write_json, write_rows
 from longctx.hf.config_targets import CONFIG_TARGETS
 from longctx.runs.record import read_stored_run
-from longctx.synthetic.mqar import MqarSpec
+from longctx.synthetic.mqar import KIND, MqarSpec, MqarVocab
 from studies.recall_conditions import (
     CONDITIONS,
     Arm,
@@ -75,11 +76,23 @@ def instances(spec: MqarSpec, seq_len: int, seed: int, rows: int, docs: int) -> 
     return out
 
 
+def corpus_spec(folder: str | Path) -> MqarSpec:
+    """The document distribution an MQAR corpus folder was written with (its manifest)."""
+    manifest = load_manifest(folder)
+    sources = manifest.sources
+    if manifest.tokenizer.get("kind") != KIND or len(sources) != 1 or "spec" not in sources[0]:
+        raise LongctxError(
+            f"{folder} is not an MQAR corpus (its tokenizer is {manifest.tokenizer.get('kind')!r});"
+            " expected a folder written by python -m longctx.data.mqar_corpus"
+        )
+    spec = dict(sources[0]["spec"])
+    return MqarSpec(MqarVocab(**spec.pop("vocab")), **spec)
+
+
 def trained_spec(run, data) -> MqarSpec:
     """The document distribution of the one MQAR corpus a run trained on (a ``{mqar: {...}}``
     entry or a prepared MQAR folder)."""
     from longctx.data.corpus import EMBEDDED
-    from longctx.data.mqar_corpus import corpus_spec
 
     entries = data.shards or []
     if len(entries) == 1 and isinstance(entries[0], MqarCorpus):

@@ -68,19 +68,6 @@ def write_corpus(
     return write_generated(out, options, vocab, write_splits)
 
 
-def corpus_spec(folder: str | Path) -> MqarSpec:
-    """The document distribution an MQAR corpus folder was written with (its manifest)."""
-    manifest = load_manifest(folder)
-    sources = manifest.sources
-    if manifest.tokenizer.get("kind") != KIND or len(sources) != 1 or "spec" not in sources[0]:
-        raise LongctxError(
-            f"{folder} is not an MQAR corpus (its tokenizer is {manifest.tokenizer.get('kind')!r});"
-            " expected a folder written by python -m longctx.data.mqar_corpus"
-        )
-    spec = dict(sources[0]["spec"])
-    return MqarSpec(MqarVocab(**spec.pop("vocab")), **spec)
-
-
 def mqar_dir(corpus: MqarCorpus, cache_dir: str | Path | None = None) -> Path:
     """The folder of an MQAR corpus (a ``data.shards`` entry named by its settings) in the
     cache, written once (under a lock) if needed."""

@@ -382,8 +382,7 @@ def test_scoring_refuses_no_or_negative_instance_counts(tmp_path, counts):
 
 
 def test_a_prepared_mqar_folder_states_its_distribution_and_a_run_on_it_is_scored_from_it(tmp_path):
-    from longctx.data.mqar_corpus import corpus_spec
-    from studies.recall import trained_spec
+    from studies.recall import corpus_spec, trained_spec
 
     spec = MqarSpec(MqarVocab(64, 80), min_pairs=3, max_pairs=9, slot_ratio=2.0)
     write_corpus(tmp_path / "mq", spec, documents=20, seed=3, val_documents=2)
