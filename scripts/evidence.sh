@@ -23,7 +23,9 @@
 # From the environment: SEEDS ("0 1 2"), PARALLEL (2), SEQ1 (256, the control's length), STEPS1
 # (50000), SEQ2 (2048), STEPS2 (600), ROWS2 (2), MIX_DOCUMENTS (20000 per task at stage 1, 4000 at
 # stage 2), SAMPLES (4 per task, length and depth), INSTANCE_SEED (0), OUT_DIR (docs/results/evidence),
-# CONTROL_ARMS ("ruler_control ruler_control_nomix"), EVAL_TASKS, LENGTHS1, LENGTHS2.
+# CONTROL_ARMS ("ruler_control ruler_control_nomix"), EVAL_TASKS, LENGTHS1, LENGTHS2,
+# OWN_FORMAT_DOCS (256: held-out documents of its OOD formats each ruler_control seed is read on,
+# generated and teacher-forced, into OUT_DIR/ood_control by python -m studies.ood_control).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -41,15 +43,15 @@ if [ "$SMOKE" = 1 ]; then  # every size tiny: proves the pipeline, measures noth
   : "${STEPS1:=4}" "${STEPS2:=2}" "${SEQ2:=512}" "${ROWS2:=1}" "${MIX_DOCUMENTS:=30}" "${SAMPLES:=1}"
   : "${LENGTHS1:=256 512}" "${LENGTHS2:=256 512}" "${SEEDS:=0 1}" "${OUT_DIR:=$ROOT/reports}"
   : "${EVAL_TASKS:=niah_single_1,niah_multikey_2,lc_passkey,lc_niah_multikey}"
-  : "${ANSWER_DOCS:=4}"
+  : "${ANSWER_DOCS:=4}" "${OWN_FORMAT_DOCS:=4}"
 fi
 SEEDS="${SEEDS:-0 1 2}" PARALLEL="${PARALLEL:-2}" SEQ1="${SEQ1:-256}" STEPS1="${STEPS1:-50000}"
 SEQ2="${SEQ2:-2048}" STEPS2="${STEPS2:-600}" ROWS2="${ROWS2:-2}" SAMPLES="${SAMPLES:-4}"
 DOCS1="${MIX_DOCUMENTS:-20000}" DOCS2="${MIX_DOCUMENTS:-4000}" INSTANCE_SEED="${INSTANCE_SEED:-0}"
 OUT_DIR="${OUT_DIR:-docs/results/evidence}" CONTROL_ARMS="${CONTROL_ARMS:-ruler_control ruler_control_nomix}"
-ANSWER_DOCS="${ANSWER_DOCS:-64}" ARCHIVE="$OUT_DIR/runs"
+ANSWER_DOCS="${ANSWER_DOCS:-64}" OWN_FORMAT_DOCS="${OWN_FORMAT_DOCS:-256}" ARCHIVE="$OUT_DIR/runs"
 # every number checked before one is used (a LENGTHS default is arithmetic on SEQ1 and SEQ2)
-for var in SEQ1 STEPS1 SEQ2 STEPS2 ROWS2 SAMPLES DOCS1 DOCS2 PARALLEL ANSWER_DOCS; do
+for var in SEQ1 STEPS1 SEQ2 STEPS2 ROWS2 SAMPLES DOCS1 DOCS2 PARALLEL ANSWER_DOCS OWN_FORMAT_DOCS; do
   positive_int "$var" "${!var}"
 done
 seeds SEEDS "$SEEDS"
@@ -144,6 +146,14 @@ if [[ " $PARTS " == *" control "* ]]; then
     done
   done
   drain
+  # the OOD control read in its own formats (generation and answer loss), beside the suite
+  if [[ " $CONTROL_ARMS " == *" ruler_control "* ]]; then
+    for seed in $SEEDS; do
+      [ -e "$OUT_DIR/ood_control/ruler_control_s$seed.json" ] ||
+        "$PY" -m studies.ood_control "$(control_of "$seed")" --out "$OUT_DIR/ood_control" \
+          --name "ruler_control_s$seed" --documents "$OWN_FORMAT_DOCS"
+    done
+  fi
   archive control
   "$PY" -m studies.ruler_report "$ARCHIVE/control" --arm-by group --control ruler_control \
     --json "$OUT_DIR/control.json" --note "$(note "control: tiny_long at $SEQ1, $STEPS1 steps, the OOD mix ($OOD) + repeat vs none" control)"

@@ -4,8 +4,10 @@
 # (one thread each). Each run trains two stages: experiment=recall_stage1 (documents of 2..4
 # pairs: they break MQAR's plateau), then experiment=recall from its weights. Each run is scored (python -m studies.recall: every held-out
 # instance teacher-forced, the in-distribution rows through generation too, which must agree)
-# into OUT_DIR/scores, its wall times and the load average beside it in OUT_DIR/timing.csv; then
-# the report (python -m studies.recall_report) is rewritten from every score so far.
+# into OUT_DIR/scores, its wall times and the load average beside it in OUT_DIR/timing.csv; a
+# masked run is read again under the other position ids (OUT_DIR/swapped: the masked pair with
+# the same weights); then the report (python -m studies.recall_report) is rewritten from every
+# score so far.
 # Resumable: a run whose scores exist is skipped; one with a checkpoint resumes (ckpt_path=last).
 # Commits nothing; the scores and the report are what to commit (never the checkpoints).
 #
@@ -54,11 +56,29 @@ train_stage() {  # experiment run_name log [overrides...]: trains, or resumes an
     { echo "error: training $name failed; see $log" >&2; return 1; }
 }
 
+score() {  # run name log folder [options...]: the held-out instances, into OUT_DIR/folder
+  local run=$1 name=$2 log=$3 folder=$4; shift 4
+  OMP_NUM_THREADS=1 "$PY" -m studies.recall "$run" --out "$OUT_DIR/$folder" \
+    --name "$name" --rows "$ROWS" --docs "$DOCS" "$@" >> "$log" 2>&1 ||
+    { echo "error: scoring $name ($folder) failed; see $log" >&2; return 1; }
+}
+
 run_one() {  # document_mask reset_position_ids seed
   local mask=$1 reset=$2 seed=$3
   local name="recall_m${mask:0:1}_r${reset:0:1}_s${seed}"
   local run="$ROOT/outputs/train/$name" log="$ROOT/$name.log"
-  if [ -f "$OUT_DIR/scores/$name.json" ]; then echo "recall_study: $name scored, skipped"; return; fi
+  if [ -f "$OUT_DIR/scores/$name.json" ]; then
+    echo "recall_study: $name scored, skipped"
+  else
+    train_and_score "$mask" "$reset" "$seed" "$name" "$run" "$log" || return 1
+  fi
+  if [ "$mask" = true ] && [ ! -f "$OUT_DIR/swapped/$name.json" ]; then
+    score "$run" "$name" "$log" swapped --positions swapped
+  fi
+}
+
+train_and_score() {  # document_mask reset_position_ids seed name run log
+  local mask=$1 reset=$2 seed=$3 name=$4 run=$5 log=$6
   local arm=(seed="$seed" data.document_mask="$mask" data.reset_position_ids="$reset")
   local load0 t0 t1 t2
   load0=$(cut -d' ' -f1 /proc/loadavg); t0=$(date +%s)
@@ -71,17 +91,17 @@ run_one() {  # document_mask reset_position_ids seed
   train_stage recall "$name" "$log" "${arm[@]}" model.init_from="$ROOT/outputs/train/${name}_stage1" \
     ${STEPS:+trainer.max_steps=$STEPS} || return 1
   t1=$(date +%s)
-  OMP_NUM_THREADS=1 "$PY" -m studies.recall "$run" --out "$OUT_DIR/scores" \
-    --name "$name" --rows "$ROWS" --docs "$DOCS" --generate in_distribution >> "$log" 2>&1 ||
-    { echo "error: scoring $name failed; see $log" >&2; return 1; }
+  score "$run" "$name" "$log" scores --generate in_distribution || return 1
   t2=$(date +%s)
   echo "$name,$seed,$mask,$reset,$((t1 - t0)),$((t2 - t1)),$load0,$(cut -d' ' -f1 /proc/loadavg)" \
     >> "$OUT_DIR/timing.csv"
   echo "recall_study: $name trained (both stages) in $((t1 - t0)) s, scored in $((t2 - t1)) s"
 }
-export -f train_stage run_one
+export -f train_stage score run_one train_and_score
 export PY ROOT OUT_DIR ROWS DOCS STEPS STAGE1_STEPS EXTRA
 mkdir -p "$ROOT"
 for seed in $SEEDS; do for arm in $ARMS; do echo "${arm/,/ } $seed"; done; done |
   xargs -P "$PARALLEL" -L 1 bash -c 'run_one "$@"' _
-"$PY" -m studies.recall_report "$OUT_DIR/scores" --out "$OUT_DIR"
+swapped=()
+[ -d "$OUT_DIR/swapped" ] && swapped=(--swapped "$OUT_DIR/swapped")
+"$PY" -m studies.recall_report "$OUT_DIR/scores" --out "$OUT_DIR" "${swapped[@]}"

@@ -2,12 +2,16 @@
 CSVs: the associative-recall study's readout (docs/recall.md).
 
     python -m studies.recall RUN [RUN ...] --out DIR [--generate in_distribution]
+    python -m studies.recall RUN --out DIR --positions swapped   # the masked pair, same weights
 
 Every run is scored on the same instances (drawn from ``--instances-seed``, streams the training
 corpus never uses), read under its own arm (document mask, position ids), at its own row length
 L: ``in_distribution`` and ``interference`` rows of L, ``length`` documents whose queries sit
 past the longest training document, up to 2L. Teacher-forced on every instance; with
 ``--generate``, also through greedy generation from the KV cache, and the two must agree.
+``--positions swapped`` reads a run under the other position ids than it trained with (reset
+for continuous, continuous for reset): under document masks and RoPE the same weights must
+answer the same up to rounding (the study's control of the masked pair).
 """
 
 from __future__ import annotations
@@ -112,7 +116,8 @@ def score_run(run: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
     stored = read_stored_run(run, CONFIG_TARGETS)
     model_config, data = stored.model_config(attn_backend="sdpa"), stored.data_config()
     spec = trained_spec(run, data)
-    arm = Arm(data.document_mask, data.reset_position_ids)
+    swapped = args.positions == "swapped"
+    arm = Arm(data.document_mask, data.reset_position_ids != swapped)
     model = load_model(stored, model_config, "cpu")
     rows = instances(spec, data.seq_len, args.instances_seed, args.rows, args.docs)
     started, out = time.perf_counter(), []
@@ -132,7 +137,8 @@ def score_run(run: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
                 out.append(rec)
     meta = {
         "run": str(run), "seed": stored.identity.get("seed", _seed(stored)),
-        "document_mask": arm.document_mask, "reset_position_ids": arm.reset_position_ids,
+        "document_mask": data.document_mask, "reset_position_ids": data.reset_position_ids,
+        **({"read_reset_position_ids": arm.reset_position_ids} if swapped else {}),
         "seq_len": data.seq_len, "max_doc_len": spec.max_doc_len,
         "scoring_seconds": round(time.perf_counter() - started, 1),
     }  # fmt: skip
@@ -178,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--docs", type=int, default=16, help="length documents per distance")
     parser.add_argument("--generate", nargs="*", default=[], choices=CONDITIONS)
+    parser.add_argument("--positions", choices=("own", "swapped"), default="own",
+                        help="read under the run's position ids or the other ones")  # fmt: skip
     args = parser.parse_args(argv)
     if min(args.rows, args.docs) < 0 or args.rows + args.docs == 0:
         raise LongctxError(

@@ -2,9 +2,11 @@
 hierarchical seed-paired bootstrap and, beside it, a seed-level t interval; the masked pair's
 per-instance agreement; a figure of accuracy against distance per arm.
 
-    python -m studies.recall_report SCORES_DIR --out DIR
+    python -m studies.recall_report SCORES_DIR --out DIR [--swapped SWAPPED_DIR]
 
-SCORES_DIR holds one ``<run>.csv`` per run (python -m studies.recall). Writes
+SCORES_DIR holds one ``<run>.csv`` per run (python -m studies.recall); SWAPPED_DIR the masked
+runs read under the other position ids (``--positions swapped``), compared per instance with
+their own reading: the masked pair with the same weights. Writes
 ``recall.json``, ``recall_instances.csv.gz`` (every run's per-instance rows), ``recall_seeds.csv``
 (per-seed accuracies) and ``recall.png``.
 """
@@ -108,7 +110,25 @@ def masked_pair_agreement(frame) -> dict:
             "fraction": float(same.mean()) if len(same) else None}  # fmt: skip
 
 
-def report(frame) -> dict:
+def same_weights_agreement(frame, swapped) -> dict:
+    """Per masked run read under both position ids: instances, how many predict the same token,
+    and the accuracy each way."""
+    key = ["run", "cell", "row", "query"]
+    if not swapped["document_mask"].astype(bool).all():
+        raise LongctxError("--swapped holds an unmasked run; expected masked runs only")
+    both = frame.merge(swapped, on=key, suffixes=("", "_swapped"), validate="one_to_one")
+    missing = set(swapped["run"]) - set(both["run"])
+    if missing or len(both) != len(swapped):
+        raise LongctxError(f"--swapped: runs {sorted(missing)} or instances not in the scores")
+    out = {}
+    for run, g in [*both.groupby("run"), ("all", both)]:
+        out[run] = {"instances": len(g), "agree": int((g["prediction"] == g["prediction_swapped"]).sum()),
+                    "accuracy": float(g["correct"].mean()),
+                    "accuracy_swapped": float(g["correct_swapped"].mean())}  # fmt: skip
+    return out
+
+
+def report(frame, swapped=None) -> dict:
     rng = np.random.default_rng(0)
     cells = sorted(frame["cell"].unique(), key=_cell_order)
     return {
@@ -116,7 +136,9 @@ def report(frame) -> dict:
         "runs": sorted(frame["run"].unique().tolist()),
         "cells": {c: cell_report(frame[frame["cell"] == c], rng) for c in cells},
         "masked_pair_agreement": masked_pair_agreement(frame),
-    }
+        **({} if swapped is None else
+           {"masked_pair_same_weights": same_weights_agreement(frame, swapped)}),
+    }  # fmt: skip
 
 
 def _cell_order(cell: str):
@@ -156,11 +178,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      description=__doc__)  # fmt: skip
     parser.add_argument("scores", help="folder of per-run CSVs")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--swapped", default=None, help="folder of masked runs read swapped")
     args = parser.parse_args(argv)
     frame = read_scores(Path(args.scores))
+    swapped = None if args.swapped is None else read_scores(Path(args.swapped))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = report(frame)
+    result = report(frame, swapped)
     atomic_write_bytes(out / "recall.json", (json.dumps(result, indent=1) + "\n").encode())
     write_per_instance(frame.drop(columns=["cell", "arm"]), out / "recall_instances.csv.gz")
     seeds = frame.groupby(["arm", "cell", "seed"])["correct"].mean().reset_index()

@@ -51,3 +51,25 @@ def test_no_difference_from_fewer_than_two_shared_seeds(frame):
     )
     cells = report(frame[one_each])["cells"]["in_distribution"]
     assert cells["differences"] == {}
+
+
+def test_same_weights_agreement_counts_per_instance_and_refuses_strangers(frame):
+    from longctx.errors import LongctxError
+    from studies.recall_report import same_weights_agreement
+
+    masked = frame[frame["document_mask"].astype(bool) & (frame["seed"] == 0)]
+    swapped = masked.copy()
+    changed = swapped.index[:5]  # five instances read differently: wrong where they were right
+    swapped.loc[changed, "prediction"] = -1
+    swapped.loc[changed, "correct"] = 0
+    result = same_weights_agreement(masked, swapped)
+    assert result["all"]["instances"] == len(masked)
+    assert result["all"]["agree"] == len(masked) - 5
+    assert result["all"]["accuracy"] == pytest.approx(masked["correct"].mean())
+    assert result["all"]["accuracy_swapped"] == pytest.approx(swapped["correct"].mean())
+    assert sum(r["instances"] for k, r in result.items() if k != "all") == len(masked)
+    with pytest.raises(LongctxError, match="unmasked run"):
+        same_weights_agreement(frame, frame[frame["seed"] == 0])
+    stranger = swapped[swapped["run"] == "recall_mt_rt_s0"].assign(run="recall_mt_rt_s99")
+    with pytest.raises(LongctxError, match="recall_mt_rt_s99"):
+        same_weights_agreement(masked, stranger)
