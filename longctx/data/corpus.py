@@ -137,9 +137,8 @@ def _prepared(
     """``cache_root/name``, prepared from ``records(kjv source)`` once, under a lock."""
     name = _tokenized_name(name, tokenizer)
     with cache_lock(cache_dir, name) as out:
-        root = out.parent
-        source = kjv_source_path()
-        jsonl = root / f"{name}.jsonl"
+        source = kjv_source_path()  # checked on every call: the corpus must be the pinned one
+        jsonl = out.parent / f"{name}.jsonl"
         if not jsonl.is_file() or not (out / MANIFEST_NAME).is_file():
             text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records(source))
             atomic_write_bytes(jsonl, text.encode("utf-8"))

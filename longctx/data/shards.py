@@ -116,9 +116,6 @@ class Manifest:
             skipped_empty_documents=skipped_empty_documents,
         )
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, data: dict, where: str = "manifest") -> Manifest:
         """Build from parsed JSON; a missing, unknown or mistyped key raises ManifestError
@@ -188,7 +185,7 @@ def check_val_split(splits: dict[str, SplitInfo], val_fraction: float, where: st
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
-    text = json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(dataclasses.asdict(manifest), indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(Path(folder) / MANIFEST_NAME, text.encode())
 
 
