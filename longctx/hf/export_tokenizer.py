@@ -143,8 +143,8 @@ def _check_fits(name, ids: int, vocab_size: int) -> None:
     """Every id of the tokenizer must index the model's embedding (added tokens included)."""
     if ids > vocab_size:
         raise LongctxError(
-            f"tokenizer {name}: {ids:,} ids do not fit the model's vocab_size={vocab_size} "
-            "(added tokens counted); export a checkpoint trained on the data it prepared"
+            f"the tokenizer {name} has {ids} ids (added tokens included), more than the model's "
+            f"vocab_size={vocab_size}; export a checkpoint trained on the data it prepared"
         )
 
 

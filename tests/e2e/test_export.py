@@ -99,7 +99,7 @@ def test_a_sharded_checkpoint_exports_the_same_as_a_ckpt(tmp_path):
 # --------------------------------------------------------------------------- bad input
 def test_refuses_a_vocabulary_smaller_than_the_byte_tokenizer(tmp_path):
     run = make_run(tmp_path, model_overrides(vocab_size=200))
-    with pytest.raises(ValueError, match="259 ids do not fit the model's vocab_size=200"):
+    with pytest.raises(ValueError, match="has 259 ids .*more than the model's vocab_size=200"):
         export(run, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
