@@ -172,16 +172,15 @@ def read_longctx_checkpoint(path: Path) -> dict[str, Tensor]:
 def _transformers_source(path: Path) -> WeightSource:
     from safetensors import safe_open
 
-    hf = read_config_json(path)
-    try:
-        theirs = config_from_hf(hf)  # refuses what longctx's Llama cannot hold
-    except LongctxError as err:
-        raise InitFromError(f"model.init_from={str(path)!r}: {err}") from err
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise InitFromError(
             f"model.init_from={str(path)!r} has a config.json but no *.safetensors weights"
         )
+    try:
+        theirs = config_from_hf(read_config_json(path))  # refuses what longctx cannot hold
+    except LongctxError as err:
+        raise InitFromError(f"model.init_from={str(path)!r}: {err}") from err
     from_hf = {to_hf_name(k): k for k in _meta_state(theirs)}
     shapes = {}
     for file in files:
