@@ -69,7 +69,6 @@ class PackedBatch:
         if self.seq_lens.device.type == "cpu":  # value checks sync; batches are built on CPU
             _check_seq_lens(self.seq_lens, length)
 
-    # ----------------------------------------------------------------- builders
     @classmethod
     def from_lengths(
         cls,
@@ -117,7 +116,6 @@ class PackedBatch:
         positions = position_ids_for(seq_lens, tokens.shape[1], reset_position_ids)
         return cls(tokens, labels, positions, seq_lens)
 
-    # ------------------------------------------------------------ derived, cached
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.tokens.shape)
@@ -161,7 +159,6 @@ class PackedBatch:
         causal = torch.ones(length, length, dtype=torch.bool, device=self.tokens.device).tril()
         return same_doc & causal
 
-    # ------------------------------------------------------------------ movement
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
@@ -177,7 +174,6 @@ class PackedBatch:
         return out
 
 
-# --------------------------------------------------------------------------- helpers
 def check_dense_mask_len(length: int, who: str) -> None:
     """The one length limit of dense [B, L, L] masks and scores (quadratic in memory)."""
     if length > DENSE_MASK_MAX_LEN:

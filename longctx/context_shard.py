@@ -47,7 +47,6 @@ from longctx.errors import LongctxError
 AllGather = Callable[[Tensor], Tensor]
 
 
-# --------------------------------------------------------------------------- the split
 def check_context_parallel(
     size: int,
     rounds: int = 1,
@@ -237,7 +236,6 @@ class ContextShard(PackedBatch):
         return same_doc & (keys[None, None, :] <= q_pos[:, :, None])
 
 
-# --------------------------------------------------------------------------- key spans
 def span_index(spans: list[tuple[int, int]]) -> Tensor:
     """int64 flat indices of the (start, length) spans, concatenated."""
     return torch.cat([torch.arange(start, start + n) for start, n in spans])
@@ -265,7 +263,6 @@ def piece_spans(shard: ContextShard) -> list[tuple[int, int, int, int]]:
     return spans
 
 
-# --------------------------------------------------------------------------- whole rows
 def gather_row(x_local: Tensor, shard: ContextShard) -> Tensor:
     """[B, L/N, ...] local tokens of every rank of ``shard``'s group -> [B, L, ...] whole
     rows, in row order.
@@ -290,7 +287,6 @@ def own_tokens(x_row: Tensor, shard: ContextShard) -> Tensor:
     return x_row.flatten(0, 1).index_select(0, index).view(b, local_len, *x_row.shape[2:])
 
 
-# --------------------------------------------------------------------------- ranks
 # Ranks form a (data parallel x context parallel) mesh. Global rank r is context-parallel rank
 # r % N of data-parallel replica r // N: the N ranks sharing a row are consecutive, so on a
 # multi-GPU node they sit on one node, where the per-layer K/V all-gather is fastest. Gradients

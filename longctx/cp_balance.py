@@ -217,7 +217,6 @@ def place_head_tail(owner: np.ndarray, start: int, shares: np.ndarray) -> np.nda
     return work
 
 
-# --------------------------------------------------------------------------- evening out
 @dataclasses.dataclass(frozen=True)
 class Run:
     """Consecutive row positions [start, stop) of one rank inside one segment, whose first
@@ -363,7 +362,6 @@ def trade(run: Run, t: int, tokens: int, given, moved: float, want: float, piece
     return Trade(window, given, abs(moved - want), int(pieces))
 
 
-# --------------------------------------------------------------------------- what a plan costs
 @dataclasses.dataclass(frozen=True)
 class PlanStats:
     """Per rank, summed over the rows of a batch: causal pairs of its queries (``work``) and

@@ -85,7 +85,6 @@ class _TrainLoader(DataLoader):
             yield batch
 
 
-# --------------------------------------------------------------------------- datamodule
 class LongCtxDataModule(L.LightningDataModule):
     """Packed PackedBatch streams from prepared shard folders (or the embedded corpus)."""
 
@@ -124,7 +123,6 @@ class LongCtxDataModule(L.LightningDataModule):
         self._manifests: list[Manifest] | None = None
         self._train: list[ShardSet] | None = None
 
-    # ------------------------------------------------------------------ corpus
     def prepare_data(self) -> None:
         for folder in self.folders():  # a bad manifest fails here, named as itself
             load_manifest(folder)
@@ -203,7 +201,6 @@ class LongCtxDataModule(L.LightningDataModule):
                 f"{model_vocab_size}; expected a model vocabulary >= the tokenizer's"
             )
 
-    # ------------------------------------------------------------------ topology
     @property
     def rank(self) -> int:
         return self._topology()[0]
@@ -228,7 +225,6 @@ class LongCtxDataModule(L.LightningDataModule):
             raise LongctxError(f"rank={rank}, world_size={world}; expected 0 <= rank < world_size")
         return rank, world
 
-    # ------------------------------------------------------------------ loaders
     def batches_per_epoch(self) -> int:
         tokens = sum(s.num_tokens for s in self._open())
         per_batch = self.world_size * self.config.micro_batch_size * self.config.seq_len
@@ -376,7 +372,6 @@ class LongCtxDataModule(L.LightningDataModule):
             )
         return out
 
-    # ------------------------------------------------------------------ progress
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is not None and self.trainer.training:
             self._progress.record(batch)

@@ -30,7 +30,6 @@ SWAP_TOLERANCE = 1e-12
 EVEN_ENOUGH = 1e-3
 
 
-# --------------------------------------------------------------------------- cost model
 @dataclasses.dataclass(frozen=True)
 class RowCost:
     """Predicted seconds of one row: ``linear_per_token * L + attention_per_sq_token *
@@ -60,7 +59,6 @@ class RowCost:
         return self.linear_per_token * tokens + self.attention_per_sq_token * squares
 
 
-# --------------------------------------------------------------------------- partition
 def lpt_partition(costs: np.ndarray, parts: int, size: int) -> np.ndarray:
     """Longest processing time first with room: rows by decreasing cost (ties: lower index),
     each to the least loaded part that has fewer than ``size`` rows (ties: lower part).
@@ -117,7 +115,6 @@ def partition(
     return np.sort(groups, axis=1)
 
 
-# --------------------------------------------------------------------------- step plans
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
     """One optimizer step's assignment: ``slots[r, m, p]`` is the step's global row index that

@@ -101,7 +101,6 @@ class PackingStats:
         self.rows += 1
 
 
-# --------------------------------------------------------------------------- planners
 class _ConcatChunkPlanner:
     """Lengths only: concatenate documents and cut a row every ``seq_len`` tokens."""
 
@@ -241,7 +240,6 @@ def _fit_decreasing(
             insert(open_keys, left << _ROW_BITS | row)
 
 
-# --------------------------------------------------------------------------- assembly
 def assemble_row(
     pieces: Sequence[Piece], documents: dict[int, np.ndarray], seq_len: int, pad_id: int
 ) -> PackedRow:
@@ -279,7 +277,6 @@ def assemble_row(
     return PackedRow(tokens=tokens, labels=labels, seq_lens=seq_lens, pad_tokens=pad_tokens)
 
 
-# --------------------------------------------------------------------------- packers
 class Packer(Protocol):
     seq_len: int
 
@@ -431,7 +428,6 @@ def answers_only(row: PackedRow, answer_keys: tuple[int, int]) -> PackedRow:
     return dataclasses.replace(row, labels=labels)
 
 
-# --------------------------------------------------------------------------- collate
 def collate_rows(
     rows: Sequence[PackedRow], *, reset_position_ids: bool, document_mask: bool
 ) -> PackedBatch:
@@ -457,7 +453,6 @@ def collate_rows(
     return PackedBatch(tokens, labels, positions, seq_lens)
 
 
-# --------------------------------------------------------------------------- checks
 def _check_positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise LongctxError(f"{name}={value!r}; expected an integer >= 1")

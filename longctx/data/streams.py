@@ -69,7 +69,6 @@ from longctx.errors import LongctxError
 STATE_VERSION = 2
 
 
-# --------------------------------------------------------------------------- document streams
 class DocumentStream:
     """The endless document sequence of one global stream, as a pure function of its index."""
 
@@ -275,7 +274,6 @@ class StreamBatch(PackedBatch):
         return self.documents / self.tokens.shape[0]
 
 
-# --------------------------------------------------------------------------- length upsampling
 def upsampled_slots(lengths: np.ndarray, min_tokens: int, factor: int) -> np.ndarray:
     """A source's data epoch before its permutation: every document id, and ``factor - 1``
     more copies of each with at least ``min_tokens`` tokens."""
@@ -308,7 +306,6 @@ def long_token_share(
     return float(long / total)
 
 
-# --------------------------------------------------------------------------- stages
 def micro_batch_source(micro_batch: int, num_streams: int) -> tuple[int, int]:
     """(stream, batch index in it) of a global micro-batch, counted from its stage's start."""
     return micro_batch % num_streams, micro_batch // num_streams
@@ -353,9 +350,6 @@ class StageSchedule:
                 )
             micro_batches, left = micro_batches + int(take) // config.micro_batch_size, left - take
         return micro_batches
-
-
-# --------------------------------------------------------------------------- datasets
 
 
 class TrainStream(IterableDataset):
@@ -564,7 +558,6 @@ class FixedBatches(IterableDataset):
         return iter(self.batches)
 
 
-# --------------------------------------------------------------------------- resume
 @dataclasses.dataclass
 class Progress:
     """The data state: global micro-batches consumed and each stream's position after them."""

@@ -194,7 +194,6 @@ class Llama(PackedCausalLM):
         self.output = None if config.tie_embeddings else _linear(config.dim, config.vocab_size)
         self.reset_parameters()
 
-    # ------------------------------------------------------------------ parameters
     def reset_parameters(self) -> None:
         """normal(0, init_std) weights, unit norms; residual-branch outputs (wo, w2) scaled by
         1/sqrt(2 n_layers) so the residual stream's variance does not grow with depth."""
@@ -212,7 +211,6 @@ class Llama(PackedCausalLM):
         """[V, dim] projection from hidden states to logits."""
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
-    # ------------------------------------------------------------------ forward
     def hidden_states(self, batch: PackedBatch) -> Tensor:
         """Final-normed hidden states [B, L, dim]."""
         self._check_batch(batch)
@@ -235,7 +233,6 @@ class Llama(PackedCausalLM):
     def estimate_flops(self, seq_lens: Tensor) -> float:
         return estimate_flops(self.config, seq_lens)
 
-    # ------------------------------------------------------------------ incremental decoding
     @torch.no_grad()
     def prefill(self, batch: PackedBatch, capacity: int) -> tuple[Tensor, KVCache]:
         """(logits [B, V] after each row's last token, the cache of the rows' keys and values

@@ -154,7 +154,6 @@ class RopeScaling:
         turns = self.original_max_position / (rotations * 2 * math.pi)
         return head_dim * math.log(turns) / (2 * math.log(theta))
 
-    # ------------------------------------------------------------------ transformers' dict
     def to_hf(self) -> dict[str, Any]:
         """The ``rope_scaling`` dict transformers' LlamaConfig reads for this scaling."""
         out: dict[str, Any] = {"rope_type": self.type, "factor": self.factor}

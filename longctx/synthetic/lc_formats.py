@@ -43,7 +43,6 @@ _WORD_LIST = """
 WORDS = tuple(_WORD_LIST.split())
 
 
-# ----------------------------------------------------------------------------- pieces
 def number(rng: random.Random, digits: int) -> str:
     return "".join(rng.choice(string.digits) for _ in range(digits))
 
@@ -66,7 +65,6 @@ def _single(question: np.ndarray, answer: np.ndarray, text: str, inserts) -> Lay
                   inserts=inserts)  # fmt: skip
 
 
-# ------------------------------------------------------------------------------ tasks
 def passkey(d: Draw) -> Layout:
     key = number(d.rng, d.digits)
     return _single(

@@ -165,7 +165,6 @@ class MqarSpec:
         return mqar_document(rng, self.vocab, d, self.slots(d), self.power_a, lead_filler)
 
 
-# --------------------------------------------------------------------------- the manifest's entry
 def tokenizer_spec(spec: MqarSpec) -> dict:
     """The manifest's tokenizer entry: what every id of the folder means."""
     return {

@@ -51,7 +51,6 @@ Part = tuple[str, bool]  # (text, is it answer tokens)
 Event = tuple[float, list[Part]]  # (where in the filler, 0..1; its parts)
 
 
-# ------------------------------------------------------------------------------ pieces
 def syllables(rng: random.Random, count: int) -> str:
     """Consonant-vowel syllables and a final 'q', which no English word of the suite's lists
     ends in: a code is never one of its keys or words."""
@@ -86,7 +85,6 @@ def _later(rng: random.Random, at: float) -> float:
     return rng.uniform(at, 1.0)
 
 
-# ------------------------------------------------------------------------------- tasks
 def ledger(rng: random.Random, length: int) -> list[Event]:
     events = []
     for key in codes(rng, _count("ood_ledger", length)):
@@ -143,7 +141,6 @@ def _count(name: str, length: int) -> int:
 Events = Callable[[random.Random, int], list[Event]]  # a task: ledger, locker, relay, echo
 
 
-# --------------------------------------------------------------------------- documents
 def layout(
     events: Events, rng: random.Random, enc: Encoder, length: int
 ) -> tuple[Layout, np.ndarray]:

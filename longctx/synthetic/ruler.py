@@ -20,7 +20,7 @@ from longctx.synthetic.layout import Draw, Layout, grid_depth, random_depth
 from longctx.synthetic.pieces import DoesNotFit, Encoder, TaskInputError, cat, listing
 from longctx.synthetic.words import common_words, distinct, draw
 
-# ------------------------------------------------------------- RULER's strings, verbatim
+# RULER's strings, verbatim
 NIAH_TEMPLATE = (
     "Some special magic {type_needle_v} are hidden within the following text. Make sure to "
     "memorize it. I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are "
@@ -93,7 +93,6 @@ def niah_prompt(num_values: int, num_queries: int) -> tuple[str, bool]:
     return text, single
 
 
-# --------------------------------------------------------------------------------- niah
 @dataclasses.dataclass(frozen=True)
 class Niah:
     haystack: str  # noise, essay or needle
@@ -158,7 +157,6 @@ class Niah:
                 )
 
 
-# ----------------------------------------------------------------------------------- vt
 VT_EXAMPLE_TOKENS, VT_EXAMPLE_VALUE = 500, "12345"  # RULER's worked example: its length, value
 
 
@@ -223,7 +221,6 @@ def variable_tracking(d: Draw) -> Layout:
     )  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------- cwe
 def common_words_extraction(d: Draw) -> Layout:
     """RULER's numbered word list: 10 words ``freq_cw`` times each, the others ``freq_ucw``
     times (6 and 1 below 4096 tokens), as many words as the length holds: the vocabulary grows
@@ -280,7 +277,6 @@ def cwe_example(rng: random.Random, short: bool) -> str:
     return f"{text} {numbered(sample[:CWE_NUM_CW])}\n"
 
 
-# ---------------------------------------------------------------------------------- fwe
 def freq_words_extraction(d: Draw) -> Layout:
     """RULER's coded text: (L - tokens_to_generate) // 50 coded words of 6 letters with Zipf
     counts (alpha 2); the most frequent is the noise '...'; ranks 2-4 are asked. The tail is
@@ -323,7 +319,6 @@ def freq_words_extraction(d: Draw) -> Layout:
     )  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------- qa
 def qa(dataset: str):
     """RULER's qa: the question's documents among distractors, as many as fit, shuffled,
     each ``Document i:\\n...``; ``dataset``: squad (qa_1) or hotpotqa (qa_2)."""
@@ -361,7 +356,6 @@ def qa(dataset: str):
     return build
 
 
-# ------------------------------------------------------------------------------ helpers
 def _prefix_costs(piece, count: int) -> np.ndarray:
     """[0, len(piece(1)), len(piece(1)) + len(piece(2)), ...] up to ``count`` pieces."""
     return np.cumsum([0] + [len(piece(i)) for i in range(1, count + 1)])

@@ -109,7 +109,6 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
     return name
 
 
-# --------------------------------------------------------------------------- metadata
 @dataclasses.dataclass
 class AttentionMetadata:
     """What the layers need from a PackedBatch; built once per forward, shared by layers.
@@ -153,7 +152,6 @@ def _check_batch_on_one_device(batch: PackedBatch) -> None:
         raise ValueError(f"PackedBatch tensors are on several devices {devices}; move it whole")
 
 
-# --------------------------------------------------------------------------- attention
 # Under compile=true the blocks are compiled around this call, never through it: the metadata
 # (bucket shapes, document spans) changes with every batch's layout, and tracing it would
 # recompile every step. Each backend's kernel is fused already; flex compiles its own.

@@ -111,7 +111,6 @@ def _torch_varlen_call(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_qk, max_seqle
     return fn(q, k, v, *cu_seqlens_qk, *max_seqlen_qk, **kwargs)
 
 
-# --------------------------------------------------------------------------- the backend
 @dataclasses.dataclass(frozen=True)
 class FlashMetadata:
     """cu_seqlens int32 [num_segments + 1] over the flattened queries; for a ContextShard the

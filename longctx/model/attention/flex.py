@@ -182,7 +182,6 @@ def document_causal_mask_mod(doc_ids_BP: Tensor):
     return mask_mod
 
 
-# --------------------------------------------------------------------------- forward
 def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
     """q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D] under the document block mask."""
     if q.device.type == "cpu" and torch.is_grad_enabled() and _needs_grad(q, k, v):

@@ -168,7 +168,6 @@ def _padded_slots(lengths: list[int], padded_groups: list[list[int]]):
     return slot_token_idx, real_slot_idx
 
 
-# --------------------------------------------------------------------------- forward
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: SdpaPlan) -> Tensor:
     """q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D], causal within each document."""
     b, length, h, d = q.shape
@@ -228,7 +227,6 @@ def _gqa(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, dict]:
     return k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1), {}
 
 
-# --------------------------------------------------------------------------- the backend
 @dataclasses.dataclass(frozen=True)
 class SdpaMetadata:
     """The plan over the batch's segments (a shard's local pieces) and, for a ContextShard,
