@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longctx.batch import IGNORE_INDEX, PackedBatch
+from longctx.batch import IGNORE_INDEX
 from longctx.cli import command
 from longctx.data import LongCtxDataModule
 from longctx.errors import LongctxError
-from longctx.eval.answer_loss import answer_documents
+from longctx.eval.answer_loss import answer_batches, answer_documents, held_out_text
 from longctx.eval.cli import load_model
 from longctx.eval.files import write_json, write_rows
 from longctx.hf.config_targets import CONFIG_TARGETS
@@ -49,13 +49,10 @@ def answer_spans(mask: np.ndarray) -> list[tuple[int, int]]:
 def score_document(model, tokens: np.ndarray, mask: np.ndarray) -> list[dict]:
     """One record per answer: its tokens, loss sum, right tokens, exact (teacher-forced),
     generated exact, other_value."""
-    ids = torch.as_tensor(tokens, dtype=torch.int64)[None]
-    answer = torch.as_tensor(mask, dtype=torch.bool)
-    labels = torch.full_like(ids, IGNORE_INDEX)
-    labels[0, :-1] = torch.where(answer[1:], ids[0, 1:], IGNORE_INDEX)  # p predicts p + 1
-    batch = PackedBatch.from_lengths(ids, [[len(tokens)]], True, labels=labels)
+    # one row of exactly the document, its labels the answer tokens only
+    ((batch, _),) = answer_batches([("", tokens, mask)], len(tokens), 1, pad_id=0)
     logits = model.labelled_logits(batch.to(model.output_weight.device)).float().cpu()
-    targets = ids[0, 1:][answer[1:]]
+    targets = batch.labels[batch.labels != IGNORE_INDEX]
     nll = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
     right = logits.argmax(-1) == targets
     spans = answer_spans(mask)
@@ -88,8 +85,8 @@ def score_run(run: str, documents: int, length: int | None, seed: int) -> tuple[
     first = LongCtxDataModule(stored.data_config(**first_only))
     first.prepare_data()
     tokenizer = first.tokenizer()
-    text = "\n\n".join(tokenizer.decode(d[:-1]) for d in first.val_documents(None))
     length = length or data.seq_len
+    text = held_out_text(first, tokenizer)
     docs = answer_documents(tokenizer, text, documents, length, seed, TASKS)
     model = load_model(stored, model_config, "cpu")
     started, rows = time.perf_counter(), []

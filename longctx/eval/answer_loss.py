@@ -53,6 +53,11 @@ def answer_documents(
     return docs
 
 
+def held_out_text(datamodule, tokenizer) -> str:
+    """The text answer documents take their haystack from: the first folder's val split."""
+    return "\n\n".join(tokenizer.decode(d[:-1]) for d in datamodule.val_documents(None))
+
+
 def answer_batches(docs, seq_len: int, rows_per_batch: int, pad_id: int):
     """:func:`longctx.eval.documents.document_batches` of the documents, each its own segment,
     with every label but the answer tokens' set to ignore."""
@@ -102,7 +107,7 @@ class HeldOutAnswerLoss(L.Callback):
         """Build the documents before training: a row too short for them stops here."""
         dm = trainer.datamodule
         tokenizer = dm.tokenizer()
-        text = "\n\n".join(tokenizer.decode(d[:-1]) for d in dm.val_documents(None))
+        text = held_out_text(dm, tokenizer)
         seq_len = dm.config.seq_len
         self._docs = answer_documents(tokenizer, text, self.documents, seq_len, self.seed,
                                       self.tasks)  # fmt: skip
