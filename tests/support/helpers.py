@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import subprocess
 import sys
@@ -100,3 +101,20 @@ def write_run_record(run: Path, data: dict, group: str | None = None, seed: int 
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {}, CHECKPOINT_KEY: {"identity": {}, "config": config}}, path)
     return run
+
+
+def same(a, b, where="") -> None:
+    """Equal structures, floats to 1e-9 relative (a sum's rounding may differ between CPUs)."""
+    assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), where
+    else:
+        assert a == b, where

@@ -5,33 +5,16 @@ per-seed CSV."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import same
 
 from studies.recall_report import main
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "recall"
 FOLDERS = sorted({p.parent for p in RESULTS.rglob("scores/*.csv")})
-
-
-def same(a, b, where="") -> None:
-    """Equal structures, floats to 1e-9 relative (a sum's rounding may differ between CPUs)."""
-    assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, where
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), where
-    else:
-        assert a == b, where
 
 
 def test_recall_results_are_committed():
