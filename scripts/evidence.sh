@@ -8,6 +8,7 @@
 #
 #   scripts/evidence.sh [RUNS_ROOT] [PART ...]        PART: control position extension (default: all)
 #   SEEDS=1 scripts/evidence.sh outputs/evidence      # one seed's three parts (one session's work)
+#   scripts/evidence.sh outputs/evidence reports      # every part's reports from OUT_DIR/runs
 #
 # After each part its runs are archived to OUT_DIR/runs/PART (studies.archive: every
 # result file and the run's record, no checkpoint) and the part's reports are rewritten from the
@@ -17,8 +18,10 @@
 # S's checkpoint on this machine (checkpoints are never committed): run a seed's parts in one
 # go. Resumable: a run whose suite results exist is skipped, one with checkpoints resumes
 # (ckpt_path=last). It commits nothing. Each run's wall time and the load average before and
-# after it go to OUT_DIR/runs/timing.csv. SMOKE=1: tiny steps, lengths and samples (the pipeline
-# end to end in minutes; results meaningless).
+# after it go to OUT_DIR/runs/timing.csv. Runs archived into one archive from several RUNS_ROOTs
+# or machines get their reports from it with the part `reports` (it runs and archives nothing).
+# SMOKE=1: tiny steps, lengths and samples (the pipeline end to end in minutes; results
+# meaningless).
 #
 # From the environment: SEEDS ("0 1 2"), PARALLEL (2), SEQ1 (256, the control's length), STEPS1
 # (50000), SEQ2 (2048), STEPS2 (600), ROWS2 (2), MIX_DOCUMENTS (20000 per task at stage 1, 4000 at
@@ -67,7 +70,7 @@ LENGTHS2="${LENGTHS2:-$SEQ1 $(( SEQ2 / 4 )) $(( SEQ2 / 2 )) $SEQ2 $(( 2 * SEQ2 )
 OOD="ood_ledger,ood_locker,ood_relay,ood_echo"
 for n in $LENGTHS1; do positive_int LENGTHS1 "$n"; done
 for n in $LENGTHS2; do positive_int LENGTHS2 "$n"; done
-for part in $PARTS; do one_of PART "$part" control position extension; done
+for part in $PARTS; do one_of PART "$part" control position extension reports; done
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true OMP_NUM_THREADS=1
 mkdir -p "$ROOT" "$ARCHIVE"
@@ -113,6 +116,23 @@ drain() {
 archive() { "$PY" -m studies.archive "$ROOT/$1" "$ARCHIVE/$1"; }
 archived_seeds() { echo $(ls "$ARCHIVE/$1" | sed -n 's/^seed//p' | sort -n); }
 note() { echo "$1; seeds $(archived_seeds "$2"); instance seed $INSTANCE_SEED; wall times: runs/timing.csv"; }
+# a part's reports, rewritten from every seed of it archived so far
+report_control() {
+  "$PY" -m studies.ruler_report "$ARCHIVE/control" --arm-by group --control ruler_control \
+    --json "$OUT_DIR/control.json" --note "$(note "control: tiny_long at $SEQ1, $STEPS1 steps, the OOD mix ($OOD) + repeat vs none" control)"
+}
+report_position() {
+  "$PY" -m studies.analysis "$ARCHIVE/position" --out "$OUT_DIR/position.png" \
+    --title "$(note "position ablation from each seed's control, L=$SEQ2, $STEPS2 x $ROWS2 rows" position)"
+  "$PY" -m studies.ruler_report "$ARCHIVE/position" --arm-by position \
+    --json "$OUT_DIR/position_ruler.json" --note "$(note "position ablation, L=$SEQ2" position)"
+}
+report_extension() {
+  "$PY" -m studies.extension_report "$ARCHIVE/extension" --json "$OUT_DIR/extension.json" \
+    --out "$OUT_DIR/extension.png" --note "$(note "context extension $SEQ1 -> $SEQ2 from each seed's control" extension)"
+  "$PY" -m studies.ruler_report "$ARCHIVE/extension" --arm-by rope_arm --control unchanged \
+    --json "$OUT_DIR/extension_ruler.json" --note "$(note "context extension, RoPE arms" extension)"
+}
 control_of() { echo "$ROOT/control/seed$1/outputs/train/ruler_control"; }
 # stage 2 of a seed starts from its control's checkpoint, which only the machine that trained
 # it holds: refuse before training rather than fail in every run
@@ -155,8 +175,7 @@ if [[ " $PARTS " == *" control "* ]]; then
     done
   fi
   archive control
-  "$PY" -m studies.ruler_report "$ARCHIVE/control" --arm-by group --control ruler_control \
-    --json "$OUT_DIR/control.json" --note "$(note "control: tiny_long at $SEQ1, $STEPS1 steps, the OOD mix ($OOD) + repeat vs none" control)"
+  report_control
 fi
 
 # stage 2 continues each seed's control: its model (the RoPE arms set their own theta and
@@ -185,10 +204,7 @@ if [[ " $PARTS " == *" position "* ]]; then
   done
   drain
   archive position
-  "$PY" -m studies.analysis "$ARCHIVE/position" --out "$OUT_DIR/position.png" \
-    --title "$(note "position ablation from each seed's control, L=$SEQ2, $STEPS2 x $ROWS2 rows" position)"
-  "$PY" -m studies.ruler_report "$ARCHIVE/position" --arm-by position \
-    --json "$OUT_DIR/position_ruler.json" --note "$(note "position ablation, L=$SEQ2" position)"
+  report_position
 fi
 
 # ------------------------------------------- part 3: the context extension, RoPE arms x seeds
@@ -207,9 +223,13 @@ if [[ " $PARTS " == *" extension "* ]]; then
   done
   drain
   archive extension
-  "$PY" -m studies.extension_report "$ARCHIVE/extension" --json "$OUT_DIR/extension.json" \
-    --out "$OUT_DIR/extension.png" --note "$(note "context extension $SEQ1 -> $SEQ2 from each seed's control" extension)"
-  "$PY" -m studies.ruler_report "$ARCHIVE/extension" --arm-by rope_arm --control unchanged \
-    --json "$OUT_DIR/extension_ruler.json" --note "$(note "context extension, RoPE arms" extension)"
+  report_extension
+fi
+
+# --------------------------------------- the reports alone, from whatever the archive holds
+if [[ " $PARTS " == *" reports "* ]]; then
+  for part in control position extension; do
+    if [ -d "$ARCHIVE/$part" ]; then "report_$part"; else echo "evidence: no $ARCHIVE/$part"; fi
+  done
 fi
 echo "evidence: $(( SECONDS - start )) s; runs in $ROOT, their archive in $ARCHIVE (timing.csv), reports in $OUT_DIR"
