@@ -28,7 +28,9 @@
 # stage 2), SAMPLES (4 per task, length and depth), INSTANCE_SEED (0), OUT_DIR (docs/results/evidence),
 # CONTROL_ARMS ("ruler_control ruler_control_nomix"), EVAL_TASKS, LENGTHS1, LENGTHS2,
 # OWN_FORMAT_DOCS (256: held-out documents of its OOD formats each ruler_control seed is read on,
-# generated and teacher-forced, into OUT_DIR/ood_control by python -m studies.ood_control).
+# generated and teacher-forced, into OUT_DIR/ood_control by python -m studies.ood_control; each
+# position arm is read the same way at SEQ1 on as many and at SEQ2 on ANSWER_DOCS, into
+# OUT_DIR/ood_position, reported by studies.ood_report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -126,12 +128,20 @@ report_position() {
     --title "$(note "position ablation from each seed's control, L=$SEQ2, $STEPS2 x $ROWS2 rows" position)"
   "$PY" -m studies.ruler_report "$ARCHIVE/position" --arm-by position \
     --json "$OUT_DIR/position_ruler.json" --note "$(note "position ablation, L=$SEQ2" position)"
+  "$PY" -m studies.ood_report "$OUT_DIR/ood_position" --json "$OUT_DIR/ood_position.json" \
+    --note "$(note "position arms in the training formats at $SEQ1 and $SEQ2" position)"
 }
 report_extension() {
   "$PY" -m studies.extension_report "$ARCHIVE/extension" --json "$OUT_DIR/extension.json" \
     --out "$OUT_DIR/extension.png" --note "$(note "context extension $SEQ1 -> $SEQ2 from each seed's control" extension)"
   "$PY" -m studies.ruler_report "$ARCHIVE/extension" --arm-by rope_arm --control unchanged \
     --json "$OUT_DIR/extension_ruler.json" --note "$(note "context extension, RoPE arms" extension)"
+}
+# own_formats RUN FOLDER NAME LENGTH DOCUMENTS: a run read on held-out documents of its OOD
+# training formats (generation and teacher forcing), once: the checkpoint stays on this machine
+own_formats() {
+  [ -e "$OUT_DIR/$2/$3.json" ] || "$PY" -m studies.ood_control "$1" --out "$OUT_DIR/$2" \
+    --name "$3" --length "$4" --documents "$5"
 }
 control_of() { echo "$ROOT/control/seed$1/outputs/train/ruler_control"; }
 # stage 2 of a seed starts from its control's checkpoint, which only the machine that trained
@@ -169,9 +179,7 @@ if [[ " $PARTS " == *" control "* ]]; then
   # the OOD control read in its own formats (generation and answer loss), beside the suite
   if [[ " $CONTROL_ARMS " == *" ruler_control "* ]]; then
     for seed in $SEEDS; do
-      [ -e "$OUT_DIR/ood_control/ruler_control_s$seed.json" ] ||
-        "$PY" -m studies.ood_control "$(control_of "$seed")" --out "$OUT_DIR/ood_control" \
-          --name "ruler_control_s$seed" --documents "$OWN_FORMAT_DOCS"
+      own_formats "$(control_of "$seed")" ood_control "ruler_control_s$seed" "$SEQ1" "$OWN_FORMAT_DOCS"
     done
   fi
   archive control
@@ -203,6 +211,15 @@ if [[ " $PARTS " == *" position "* ]]; then
     done
   done
   drain
+  # every arm in the training formats, at the control's length (kept?) and at its own
+  for seed in $SEEDS; do
+    for run in "$ROOT/position/seed$seed/outputs/train"/reset_*/; do
+      run=${run%/}
+      [ -d "$run" ] || continue  # no arm of this seed trained here (its readings came with it)
+      own_formats "$run" ood_position "$(basename "$run")_s${seed}_at$SEQ1" "$SEQ1" "$OWN_FORMAT_DOCS"
+      own_formats "$run" ood_position "$(basename "$run")_s${seed}_at$SEQ2" "$SEQ2" "$ANSWER_DOCS"
+    done
+  done
   archive position
   report_position
 fi

@@ -27,6 +27,7 @@ import torch
 from longctx.batch import IGNORE_INDEX
 from longctx.cli import command
 from longctx.data import LongCtxDataModule
+from longctx.data.arms import arm_label
 from longctx.errors import LongctxError
 from longctx.eval.answer_loss import answer_batches, answer_documents, held_out_text
 from longctx.eval.cli import load_model
@@ -94,6 +95,7 @@ def score_run(run: str, documents: int, length: int | None, seed: int) -> tuple[
         rows += [{"doc": d, "task": task, **r} for r in score_document(model, tokens, mask)]
     meta = {
         "run": str(run), "seed": data.seed, "length": length, "documents": documents,
+        "arm": arm_label(data.reset_position_ids, data.document_mask), "train_len": data.seq_len,
         "instances_seed": seed, "scoring_seconds": round(time.perf_counter() - started, 1),
     }  # fmt: skip
     return [{"seed": data.seed, **r} for r in rows], meta
