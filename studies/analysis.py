@@ -28,7 +28,7 @@ from longctx.data.arms import ARM_ORDER, arm_label
 from longctx.errors import LongctxError
 from longctx.eval.files import EVAL_DIR, PASSKEY_ACCURACY_CSV
 from studies.ablation import format_summary, per_instance, summarize
-from studies.statistics import write_per_instance
+from studies.statistics import check_replicates, write_per_instance
 from studies.sweep_files import (
     CSV_LOG,
     find_runs,
@@ -359,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
             f"folder={args.folder}, --wandb={args.wandb}; give either a local FOLDER or "
             "--wandb ENTITY/PROJECT (not both)"
         )
+    check_replicates(args.bootstrap)  # before the figure is written
     frame = load_wandb(args.wandb, args.group) if args.wandb else load_local(args.folder)
     try:
         figure = ablation_figure(frame, args.title, args.smoothing)

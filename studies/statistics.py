@@ -96,9 +96,16 @@ class Draws:
 
     @classmethod
     def sample(cls, n_seeds: int, n_instances: int, n_boot: int, rng) -> Draws:
+        check_replicates(n_boot)  # every report's --bootstrap ends here
         seeds = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
         instances = rng.integers(0, n_instances, size=(n_boot, n_seeds, n_instances))
         return cls(seeds, instances)
+
+
+def check_replicates(n_boot) -> None:
+    """A report's --bootstrap: a count of replicates >= 1."""
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
+        raise LongctxError(f"--bootstrap {n_boot!r}; expected a count of replicates >= 1")
 
 
 def replicates(arm: ArmSample, draws: Draws) -> np.ndarray:

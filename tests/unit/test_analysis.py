@@ -166,3 +166,9 @@ def test_runs_without_validation_are_named(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {tmp_path}: no per-position loss metrics")
     assert run.name in err and "never validated" in err and "\n" not in err
+
+
+def test_a_bootstrap_of_no_replicates_is_refused_before_the_figure(csv_runs, tmp_path):
+    with pytest.raises(ValueError, match="--bootstrap 0; expected a count of replicates"):
+        A.main([str(csv_runs), "--out", str(tmp_path / "a.png"), "--bootstrap", "0"])
+    assert not (tmp_path / "a.png").exists()

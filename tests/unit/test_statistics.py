@@ -168,3 +168,10 @@ def test_seed_level_needs_paired_seeds_and_finite_numbers():
         with pytest.raises(ValueError, match="finite number per training seed") as info:
             st.seed_level(bad)
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("n_boot", [0, -3])
+def test_a_bootstrap_of_no_replicates_is_refused(n_boot):
+    arm = st.ArmSample.of(np.ones((2, 3)))
+    with pytest.raises(st.LongctxError, match=f"--bootstrap {n_boot}; expected a count"):
+        st.bootstrap(arm, n_boot, np.random.default_rng(0))
