@@ -73,6 +73,11 @@ OOD="ood_ledger,ood_locker,ood_relay,ood_echo"
 for n in $LENGTHS1; do positive_int LENGTHS1 "$n"; done
 for n in $LENGTHS2; do positive_int LENGTHS2 "$n"; done
 for part in $PARTS; do one_of PART "$part" control position extension reports; done
+if [[ " $PARTS " == *" reports "* ]] &&
+   [ -z "$(find "$ARCHIVE" -mindepth 2 -maxdepth 2 -name 'seed*' 2>/dev/null)" ]; then
+  echo "error: PART=reports with nothing archived in $ARCHIVE; expected OUT_DIR/runs/<part>/seed<S>/..." >&2
+  exit 2
+fi
 CACHE="${LONGCTX_CACHE:-$PWD/data_cache}"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true OMP_NUM_THREADS=1
 mkdir -p "$ROOT" "$ARCHIVE"

@@ -86,3 +86,14 @@ def test_a_bad_setting_is_refused_in_one_line_before_anything_is_written(tmp_pat
     assert proc.returncode == 2 and proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith(f"error: {setting}")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_evidence_reports_with_nothing_archived_is_refused_before_anything_is_written(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OUT_DIR": str(tmp_path / "out")}
+    proc = subprocess.run([str(ROOT / "scripts" / "evidence.sh"), str(tmp_path / "runs"), "reports"],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(
+        f"error: PART=reports with nothing archived in {tmp_path}/out/runs"
+    )
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
