@@ -27,6 +27,14 @@ holds that every other one is a LongctxError):
 
 from __future__ import annotations
 
+import numbers
+
 
 class LongctxError(ValueError):
     """A refusal that names the value and what was expected."""
+
+
+def is_number(value) -> bool:
+    """A real number a setting may hold (numpy's scalars too), not a bool: ``True`` is an int to
+    Python, but a config that says ``true`` where a number belongs is a mistake to refuse."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

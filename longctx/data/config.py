@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from longctx.data.tokenizer import TOKENIZER_NAMES
-from longctx.errors import LongctxError
+from longctx.errors import LongctxError, is_number
 from longctx.synthetic import TaskInputError
 from longctx.synthetic.mqar import MqarSpec, MqarVocab
 from longctx.synthetic.tasks import check_tasks
@@ -244,7 +244,7 @@ class DataConfig:
                 f"{count} weights, one per shard folder",
             )
             _require(
-                all(_is_number(w) and math.isfinite(w) and w >= 0 for w in self.weights)
+                all(is_number(w) and math.isfinite(w) and w >= 0 for w in self.weights)
                 and sum(self.weights) > 0,
                 "weights",
                 self.weights,
@@ -319,10 +319,6 @@ def _check_tokenizer_name(name: Any) -> None:
             f"DataConfig.tokenizer={name!r}; expected one of {', '.join(TOKENIZER_NAMES)} or a "
             "local tokenizer folder"
         )
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _require(ok: bool, name: str, value, expected: str) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from longctx.errors import LongctxError
+from longctx.errors import LongctxError, is_number
 
 # A swap must lower the pair's maximum by more than this fraction of it (float noise is no gain).
 SWAP_TOLERANCE = 1e-12
@@ -42,7 +42,7 @@ class RowCost:
     def __post_init__(self) -> None:
         for name in ("linear_per_token", "attention_per_sq_token"):
             value = getattr(self, name)
-            if not _is_number(value) or not math.isfinite(value) or value < 0:
+            if not is_number(value) or not math.isfinite(value) or value < 0:
                 raise LongctxError(f"RowCost {name}={value!r}; expected a finite number >= 0")
 
     def cost(self, seq_lens: Sequence[int] | np.ndarray) -> float:
@@ -262,7 +262,3 @@ def _lengths(seq_lens, ndim: int, shape: str) -> np.ndarray:
     if (lens < 0).any():
         raise ValueError(f"seq_lens has a negative length ({lens.min():g}); expected lengths >= 0")
     return lens
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)

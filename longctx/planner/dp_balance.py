@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from longctx.data.dp_balance import RowCost, balance_step, unbalanced_step
-from longctx.errors import LongctxError
+from longctx.errors import LongctxError, is_number
 from longctx.model.flops import matmul_params, training_flops
 from longctx.planner.capacity import CapacityPlan
 from longctx.planner.layout import documents_note, lognormal_row, row_lengths
@@ -110,12 +110,12 @@ def row_cost_for(config, device, mfu: float) -> RowCost:
 
     Per GPU of a data-parallel rank; a context-parallel group of c GPUs divides it by c."""
     peak = getattr(device, "peak_flops", None)
-    if not _is_number(peak) or not math.isfinite(peak) or peak <= 0:
+    if not is_number(peak) or not math.isfinite(peak) or peak <= 0:
         raise LongctxError(
             f"peak FLOP/s of the device ({peak!r}); expected a finite positive number "
             "(set peak_flops_per_device)"
         )
-    if not _is_number(mfu) or not 0 < mfu <= 1:
+    if not is_number(mfu) or not 0 < mfu <= 1:
         raise LongctxError(f"planner.mfu={mfu!r}; expected a fraction in (0, 1]")
     linear, attention = row_flops(config)
     throughput = peak * mfu
@@ -143,7 +143,3 @@ def row_flops(config) -> tuple[float, float]:
     linear = training_flops(matmul_params(config), 0, 0, 0, one_token)
     attention = training_flops(0, config.head_dim, config.n_heads, config.n_layers, one_token)
     return linear, attention
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)

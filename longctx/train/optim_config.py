@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from longctx.errors import LongctxError
+from longctx.errors import LongctxError, is_number
 from longctx.train.nonfinite import NonFiniteGuard
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
@@ -79,8 +79,7 @@ class OptimConfig:
 
 
 def require_finite(name: str, value: Any, least: float, note: str = "") -> None:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value < least:
+    if not is_number(value) or not math.isfinite(value) or value < least:
         raise LongctxError(f"optim.{name}={value!r}; expected a finite number >= {least}{note}")
 
 

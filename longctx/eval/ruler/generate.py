@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from longctx.data.corpus import resolve_haystack
+from longctx.errors import is_number
 from longctx.eval.ruler.instances import Instance, RulerInputError
 from longctx.synthetic import DoesNotFit, Encoder, RunsOut
 from longctx.synthetic.lc_formats import DIGITS
@@ -26,7 +27,7 @@ NO_QA_DATA = "no --qa-data folder (RULER's SQuAD / HotpotQA JSON; nothing is dow
 
 
 def check_depth(depth) -> float:
-    ok = isinstance(depth, int | float) and not isinstance(depth, bool) and 0.0 <= depth <= 1.0
+    ok = is_number(depth) and 0.0 <= depth <= 1.0
     if not ok:
         raise RulerInputError(f"depth={depth}; expected a fraction in [0, 1] (0 = the start)")
     return float(depth)
