@@ -41,8 +41,8 @@ from longctx.hf.folders import CONFIG_FILE, read_config_json
 from longctx.model.config import LlamaConfig
 from longctx.model.interface import check_weights
 from longctx.model.llama import Llama
-from longctx.runs.checkpoints import existing_checkpoint
-from longctx.runs.folder import is_run_folder, last_checkpoint
+from longctx.runs.folder import is_run_folder
+from longctx.runs.record import checkpoint_in
 
 # fields that fix the tensors' shapes or the function the weights compute
 ARCHITECTURE_FIELDS = (
@@ -120,7 +120,10 @@ def resolve(path: str | Path) -> WeightSource:
     if p.is_dir() and (p / CONFIG_FILE).is_file():
         return _transformers_source(p)
     if is_run_folder(p):
-        return resolve(_run_checkpoint(p))
+        try:
+            return resolve(checkpoint_in(p))
+        except FileNotFoundError as err:  # a run folder without its last checkpoint
+            raise InitFromError(f"model.init_from={str(path)!r}: {err}") from err
     if p.is_dir() and (p / METADATA_FILE).is_file():
         return WeightSource(p, "longctx-sharded", _sharded_shapes(p))
     if p.is_file():
@@ -197,16 +200,6 @@ def _transformers_source(path: Path) -> WeightSource:
     if theirs.tie_embeddings:
         shapes.pop("lm_head.weight", None)  # a tied copy some writers keep
     return WeightSource(path, "transformers", shapes, theirs)
-
-
-def _run_checkpoint(run: Path) -> Path:
-    found = existing_checkpoint(last_checkpoint(run))
-    if found is None:
-        raise InitFromError(
-            f"model.init_from={str(run)!r} is a run folder without checkpoints/last.ckpt; pass "
-            "a checkpoint file or folder inside it"
-        )
-    return found
 
 
 def _other_checkpoints(path: Path) -> str:
