@@ -1,4 +1,4 @@
-"""The one base of longctx's refusals.
+"""The one base of longctx's refusals, and the one test of a number that a setting may hold.
 
 Every refusal of a user's input (a bad value, a refused config, a missing or foreign file)
 raises a ``LongctxError``; the command lines catch it (and OSError, for paths) and print one
