@@ -121,9 +121,10 @@ def resolve(path: str | Path) -> WeightSource:
         return _transformers_source(p)
     if is_run_folder(p):
         try:
-            return resolve(checkpoint_in(p))
+            found = checkpoint_in(p)
         except FileNotFoundError as err:  # a run folder without its last checkpoint
-            raise InitFromError(f"model.init_from={str(path)!r}: {err}") from err
+            raise InitFromError(f"model.init_from: {err}") from err
+        return resolve(found)
     if p.is_dir() and (p / METADATA_FILE).is_file():
         return WeightSource(p, "longctx-sharded", _sharded_shapes(p))
     if p.is_file():
