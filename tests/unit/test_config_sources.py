@@ -31,6 +31,7 @@ NAMED_PRESETS = {
     "model/llama3_1b.yaml",
     "model/llama3_8b.yaml",
     "model/recall.yaml",
+    "model/recall_d64.yaml",
     "model/tiny_long.yaml",
     *(f"rope_arm/{p.name}" for p in (CONF / "rope_arm").glob("*.yaml")),
     *(f"experiment/{p.name}" for p in (CONF / "experiment").glob("*.yaml")),
